@@ -94,21 +94,18 @@ static SQL: LazyLock<[LevelSql; 3]> = LazyLock::new(|| {
                      WHERE id = ?2 AND period = ?3 RETURNING remaining_micros"
                 ),
                 // Into `?2`, before a rollback's `rollover`: what period `?3` spent that no
-                // carry with reason `?4` brought yet (counted once however often the level
-                // flips), at most what `?2` has room for under the limit (a level is never
-                // overdrawn, no period spends past its limit); a credit in full.
+                // carry with reason `?4` brought yet — counted once however often the level
+                // flips, and in full: capped at the room under the limit, a refund of a
+                // reservation open in `?2` gave back what the period ahead had used (s30
+                // final attack F1). The level may so be overdrawn, as by a lowered limit.
                 carry_back: format!(
                     "INSERT INTO ledger ({id_col}, period, user_period, team_period, kind, amount_micros, reason, created_at)
-                     SELECT ?1, ?2, ?2, ?2, 'adjust', MIN(s.total - COALESCE(c.done, 0), MAX(l.limit_micros - COALESCE(k.total, 0), 0)), ?4, ?5
+                     SELECT ?1, ?2, ?2, ?2, 'adjust', s.total - COALESCE(c.done, 0), ?4, ?5
                      FROM (SELECT SUM(amount_micros) AS total FROM ledger
                             WHERE {id_col} = ?1 AND {period_col} = ?3 AND kind IN ('reserve', 'settle', 'adjust')) s,
                           (SELECT SUM(amount_micros) AS done FROM ledger
-                            WHERE {id_col} = ?1 AND {period_col} = ?2 AND kind = 'adjust' AND reason = ?4) c,
-                          (SELECT SUM(amount_micros) AS total FROM ledger
-                            WHERE {id_col} = ?1 AND {period_col} = ?2 AND kind IN ('reserve', 'settle', 'adjust')) k,
-                          (SELECT limit_micros FROM {table} WHERE id = ?1) l
-                     WHERE s.total IS NOT NULL AND l.limit_micros IS NOT NULL
-                       AND MIN(s.total - COALESCE(c.done, 0), MAX(l.limit_micros - COALESCE(k.total, 0), 0)) <> 0"
+                            WHERE {id_col} = ?1 AND {period_col} = ?2 AND kind = 'adjust' AND reason = ?4) c
+                     WHERE s.total IS NOT NULL AND s.total - COALESCE(c.done, 0) <> 0"
                 ),
                 period: format!("SELECT period FROM {table} WHERE id = ?1"),
                 reserve: format!(

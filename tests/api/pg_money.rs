@@ -1132,57 +1132,52 @@ on_both_stores!(
     interleaved_rollbacks
 );
 
-/// The host's period had spent 5 R of 10 when the wrong clock's period spent 8: the
-/// rollback carries only what the host's period has room for, so the level is never
-/// overdrawn and no period spends past its limit (the money model's invariants; s30 diff
-/// attack F3's mend).
-async fn rollback_within_the_limit(store: Store) {
+/// The host's period holds a reservation of 8 R still open when the wrong clock's period
+/// spends 5: the rollback carries the 5 in full (the level is overdrawn, as by a lowered
+/// limit), so when the open request settles at 1 R the day has 4 R left — 1 + 5 spent — not
+/// the 7 a carry capped at the room under the limit gave back (s30 final attack F1).
+async fn rollback_in_full(store: Store) {
     let owner = store
         .owner(&[limit(10 * R, "daily"), unlimited(), unlimited()])
         .await;
     let wrong = store.another().await;
     let ahead = clock_at("2036-12-04T10:00:00Z");
     let right = clock_at("2026-12-04T10:00:00Z");
+    let open: Arc<dyn Clock> = right.clone();
+    store
+        .reserve(&owner, "open", 8 * R, "p", open.clone())
+        .await
+        .unwrap()
+        .unwrap();
     for i in 0..5 {
-        assert!(store
-            .charge_one(&owner, &format!("r{i}"), &right)
-            .await
-            .is_ok());
-    }
-    for i in 0..8 {
         assert!(wrong
             .charge_one(&owner, &format!("w{i}"), &ahead)
             .await
             .is_ok());
     }
-    let refused = store.charge_one(&owner, "r-last", &right).await;
+    let refused = store.charge_one(&owner, "r-refused", &right).await;
     assert!(
         matches!(refused, Err(Refusal::Insufficient(Level::Token, _))),
         "{}: {refused:?}",
         store.name()
     );
+    store.settle("open", R, open).await.unwrap().unwrap();
     let remaining = store
         .int(&format!(
             "SELECT remaining_micros FROM tokens WHERE id = {}",
             owner.token_id
         ))
         .await;
-    assert_eq!(remaining, 0, "{}: never overdrawn", store.name());
-    let spent = store
-        .int(&format!(
-            "SELECT CAST(SUM(amount_micros) AS BIGINT) FROM ledger WHERE token_id = {} AND period = '2026-12-04' AND kind IN ('reserve', 'settle', 'adjust')",
-            owner.token_id
-        ))
-        .await;
-    assert_eq!(
-        spent,
-        10 * R,
-        "{}: the day's limit, not past it",
-        store.name()
-    );
+    assert_eq!(remaining, 4 * R, "{}: 1 R and 5 R spent", store.name());
+    for i in 0..4 {
+        let r = store.charge_one(&owner, &format!("r{i}"), &right).await;
+        assert!(r.is_ok(), "{}: {i}: {r:?}", store.name());
+    }
+    let refused = store.charge_one(&owner, "r-last", &right).await;
+    assert!(refused.is_err(), "{}: the day is spent", store.name());
     store.assert_settled().await;
 }
 on_both_stores!(
-    a_rollback_never_overdraws_the_hosts_period,
-    rollback_within_the_limit
+    a_rollback_with_a_reservation_in_flight_counts_the_period_ahead_once,
+    rollback_in_full
 );

@@ -111,23 +111,17 @@ fn rollover_sql(level: Level) -> String {
 }
 
 /// Into `$2`, before a rollback's rollover: what period `$3` spent that no carry with reason
-/// `$4` brought yet, at most what `$2` has room for under the limit; a credit in full (as
-/// SQLite's `carry_back`).
+/// `$4` brought yet, in full (as SQLite's `carry_back`).
 fn carry_back_sql(level: Level) -> String {
-    let (table, id_col, period_col) = TABLES[idx(level)];
+    let (_, id_col, period_col) = TABLES[idx(level)];
     format!(
         "INSERT INTO ledger ({id_col}, period, user_period, team_period, kind, amount_micros, reason, created_at)
-         SELECT $1, $2, $2, $2, 'adjust', x.amount, $4, $5
-         FROM (SELECT LEAST(s.total - COALESCE(c.done, 0), GREATEST(l.limit_micros - COALESCE(k.total, 0), 0))::BIGINT AS amount
-               FROM (SELECT SUM(amount_micros) AS total FROM ledger
-                      WHERE {id_col} = $1 AND {period_col} = $3 AND kind IN ('reserve', 'settle', 'adjust')) s,
-                    (SELECT SUM(amount_micros) AS done FROM ledger
-                      WHERE {id_col} = $1 AND {period_col} = $2 AND kind = 'adjust' AND reason = $4) c,
-                    (SELECT SUM(amount_micros) AS total FROM ledger
-                      WHERE {id_col} = $1 AND {period_col} = $2 AND kind IN ('reserve', 'settle', 'adjust')) k,
-                    (SELECT limit_micros FROM {table} WHERE id = $1) l
-               WHERE s.total IS NOT NULL AND l.limit_micros IS NOT NULL) x
-         WHERE x.amount <> 0"
+         SELECT $1, $2, $2, $2, 'adjust', (s.total - COALESCE(c.done, 0))::BIGINT, $4, $5
+         FROM (SELECT SUM(amount_micros) AS total FROM ledger
+                WHERE {id_col} = $1 AND {period_col} = $3 AND kind IN ('reserve', 'settle', 'adjust')) s,
+              (SELECT SUM(amount_micros) AS done FROM ledger
+                WHERE {id_col} = $1 AND {period_col} = $2 AND kind = 'adjust' AND reason = $4) c
+         WHERE s.total IS NOT NULL AND s.total - COALESCE(c.done, 0) <> 0"
     )
 }
 

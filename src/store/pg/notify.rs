@@ -111,6 +111,9 @@ pub fn listen(
         .max_connections(1)
         .min_connections(0)
         .acquire_timeout(Duration::from_secs(5))
+        // Its keepalives and bounds as every gateway session's (a load balancer's idle
+        // timeout would drop it silently otherwise: s30 final attack F5).
+        .after_connect(|conn, _| Box::pin(super::session_settings(conn, true)))
         .connect_lazy_with((*pool.connect_options()).clone());
     tokio::spawn(async move {
         let mut backoff = MIN_BACKOFF;

@@ -77,9 +77,10 @@ impl StreamConverter {
         }
     }
 
+    /// An Anthropic event passed through, named by its data's `type` (the upstream's SSE
+    /// name is not read: see below).
     pub(super) fn anthropic_to_anthropic(
         &mut self,
-        name: &str,
         data: &str,
         out: &mut Vec<Bytes>,
     ) -> Result<(), Corrupt> {
@@ -105,11 +106,10 @@ impl StreamConverter {
         // sends only `data:` lines has them named `message` by the SSE reader, which every
         // Anthropic SDK drops (s30 streams attack F1), and a name that differs from the
         // type would have the client read another event than the one charged.
-        let kind = match (plain_name(&e.kind), name.is_empty() || name == "message") {
-            (true, _) => &e.kind,
-            (false, false) => name,
-            (false, true) => "ping",
-        };
+        // A type that is no plain name is none the client may read as another event: the
+        // upstream's own name could say `content_block_delta` over a body not counted as
+        // one (s30 final attack F6).
+        let kind = if plain_name(&e.kind) { &e.kind } else { "ping" };
         out.push(frame(Some(kind), data));
         Ok(())
     }

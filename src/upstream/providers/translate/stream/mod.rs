@@ -286,7 +286,7 @@ impl StreamConverter {
         }
         let read = match (self.upstream, self.client) {
             (Format::OpenAiChat, Format::OpenAiChat) => self.openai_to_openai(data, out),
-            (Format::Anthropic, Format::Anthropic) => self.anthropic_to_anthropic(name, data, out),
+            (Format::Anthropic, Format::Anthropic) => self.anthropic_to_anthropic(data, out),
             _ => self.across(name, data, out),
         };
         // An event the gateway cannot read — not JSON, or JSON not in its format's shape
