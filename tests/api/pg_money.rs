@@ -354,6 +354,32 @@ fn limit(micros: i64, reset: &'static str) -> Budget {
 
 const R: i64 = 1_000;
 
+/// The setting of every wrong-clock scenario: an owner with `levels`, and a second host on
+/// the same store whose clock ran ten years ahead (`wrong` at `ahead`) beside the right
+/// clock (`right`).
+struct WrongClock {
+    owner: Owner,
+    wrong: Store,
+    ahead: Arc<ManualClock>,
+    right: Arc<ManualClock>,
+}
+
+impl WrongClock {
+    async fn new(store: &Store, levels: &[Budget; 3]) -> WrongClock {
+        WrongClock {
+            owner: store.owner(levels).await,
+            wrong: store.another().await,
+            ahead: clock_at("2036-12-04T10:00:00Z"),
+            right: clock_at("2026-12-04T10:00:00Z"),
+        }
+    }
+
+    /// A daily token budget of 10 R, no other limit.
+    async fn daily(store: &Store) -> WrongClock {
+        WrongClock::new(store, &[limit(10 * R, "daily"), unlimited(), unlimited()]).await
+    }
+}
+
 /// 200 reservations at once, from two processes (100 each, every one its own task), on a
 /// token whose budget covers exactly 100: exactly 100 admitted, 100 refused at the token
 /// level; settled at their full amount, spend is the budget to the micro-dollar.
@@ -584,16 +610,17 @@ on_both_stores!(
 /// level back to their own period, at the limit less both periods' spend: neither one
 /// budget until 2036 with a Retry-After of years, nor a refill (s29 final attack F1).
 async fn a_period_far_ahead_rolls_back(store: Store) {
-    let owner = store
-        .owner(&[
-            limit(10 * R, "daily"),
-            limit(100 * R, "monthly"),
-            unlimited(),
-        ])
-        .await;
-    let wrong = store.another().await;
-    let ahead = clock_at("2036-12-04T10:00:00Z");
-    let right = clock_at("2026-12-04T10:00:00Z");
+    let levels = [
+        limit(10 * R, "daily"),
+        limit(100 * R, "monthly"),
+        unlimited(),
+    ];
+    let WrongClock {
+        owner,
+        wrong,
+        ahead,
+        right,
+    } = WrongClock::new(&store, &levels).await;
     let mut n = 0;
     let mut charge = async |host: &Store, clock: &Arc<ManualClock>, times: usize| {
         let (mut admitted, mut waits) = (0, Vec::new());
@@ -1105,12 +1132,12 @@ on_both_stores!(
 /// counted again at every flip — 13 R of ledger for 7 R spent after four flips, the right
 /// host refused for the rest of its day (s30 diff attack F3).
 async fn interleaved_rollbacks(store: Store) {
-    let owner = store
-        .owner(&[limit(10 * R, "daily"), unlimited(), unlimited()])
-        .await;
-    let wrong = store.another().await;
-    let ahead = clock_at("2036-12-04T10:00:00Z");
-    let right = clock_at("2026-12-04T10:00:00Z");
+    let WrongClock {
+        owner,
+        wrong,
+        ahead,
+        right,
+    } = WrongClock::daily(&store).await;
     for i in 0..4 {
         let w = wrong.charge_one(&owner, &format!("w{i}"), &ahead).await;
         assert!(w.is_ok(), "{}: {w:?}", store.name());
@@ -1118,12 +1145,7 @@ async fn interleaved_rollbacks(store: Store) {
         assert!(r.is_ok(), "{}: flip {i}: {r:?}", store.name());
     }
     // 8 R really spent (4 in each period): the host's day has 2 R left.
-    let remaining = store
-        .int(&format!(
-            "SELECT remaining_micros FROM tokens WHERE id = {}",
-            owner.token_id
-        ))
-        .await;
+    let (_, remaining, _) = store.level("tokens", owner.token_id).await;
     assert_eq!(remaining, 2 * R, "{}", store.name());
     store.assert_settled().await;
 }
@@ -1137,12 +1159,12 @@ on_both_stores!(
 /// limit), so when the open request settles at 1 R the day has 4 R left — 1 + 5 spent — not
 /// the 7 a carry capped at the room under the limit gave back (s30 final attack F1).
 async fn rollback_in_full(store: Store) {
-    let owner = store
-        .owner(&[limit(10 * R, "daily"), unlimited(), unlimited()])
-        .await;
-    let wrong = store.another().await;
-    let ahead = clock_at("2036-12-04T10:00:00Z");
-    let right = clock_at("2026-12-04T10:00:00Z");
+    let WrongClock {
+        owner,
+        wrong,
+        ahead,
+        right,
+    } = WrongClock::daily(&store).await;
     let open: Arc<dyn Clock> = right.clone();
     store
         .reserve(&owner, "open", 8 * R, "p", open.clone())
@@ -1162,12 +1184,7 @@ async fn rollback_in_full(store: Store) {
         store.name()
     );
     store.settle("open", R, open).await.unwrap().unwrap();
-    let remaining = store
-        .int(&format!(
-            "SELECT remaining_micros FROM tokens WHERE id = {}",
-            owner.token_id
-        ))
-        .await;
+    let (_, remaining, _) = store.level("tokens", owner.token_id).await;
     assert_eq!(remaining, 4 * R, "{}: 1 R and 5 R spent", store.name());
     for i in 0..4 {
         let r = store.charge_one(&owner, &format!("r{i}"), &right).await;
@@ -1180,4 +1197,121 @@ async fn rollback_in_full(store: Store) {
 on_both_stores!(
     a_rollback_with_a_reservation_in_flight_counts_the_period_ahead_once,
     rollback_in_full
+);
+
+/// How a request the wrong clock's host admitted in its period ahead ends, after the right
+/// host rolled the level back.
+#[derive(Clone, Copy, Debug)]
+enum End {
+    /// Settled at 1 R.
+    Settled,
+    /// Released (it cost nothing).
+    Released,
+    /// Settled as an orphan at its full 8 R, then at 1 R by its owner, only stalled (in a
+    /// transaction of its own).
+    LateOrphan,
+}
+
+/// The wrong clock's host reserves 8 R in its period ahead; the right host's request rolls
+/// the level back, the 8 R carried into the host's period (day and month) in full. When the
+/// request ends for less, the host's period gets the difference back: the carry follows
+/// what the period ahead really spent. It kept the whole estimate — the day refused after
+/// 1 R of real spend, for the rest of it (s30 last attack F1).
+async fn ahead_ends_after_the_rollback(store: Store, end: End) {
+    let levels = [
+        limit(10 * R, "daily"),
+        limit(100 * R, "monthly"),
+        unlimited(),
+    ];
+    let w = WrongClock::new(&store, &levels).await;
+    let ahead: Arc<dyn Clock> = w.ahead.clone();
+    let reserved = w
+        .wrong
+        .reserve(&w.owner, "ahead", 8 * R, "w", ahead.clone());
+    reserved.await.unwrap().unwrap();
+    let r = store.charge_one(&w.owner, "r0", &w.right).await;
+    assert!(r.is_ok(), "{}: {r:?}", store.name());
+    let (_, remaining, _) = store.level("tokens", w.owner.token_id).await;
+    assert_eq!(
+        remaining,
+        R,
+        "{}: the 8 R open ahead count today",
+        store.name()
+    );
+    let spent = match end {
+        End::Settled => {
+            w.wrong.settle("ahead", R, ahead).await.unwrap().unwrap();
+            R
+        }
+        End::Released => {
+            w.wrong.release("ahead", ahead).await.unwrap();
+            0
+        }
+        End::LateOrphan => {
+            assert_eq!(
+                store
+                    .settle_orphans(Orphans::OfOwner("w"), w.right.now())
+                    .await,
+                1
+            );
+            let (_, remaining, _) = store.level("tokens", w.owner.token_id).await;
+            assert_eq!(
+                remaining,
+                R,
+                "{}: an orphan is charged in full",
+                store.name()
+            );
+            // In a transaction of its own (PostgreSQL's single-settlement statement; the
+            // others go through the writer's grouped one).
+            let late = ledger::settle(&w.wrong.db, "ahead", R, w.ahead.now()).await;
+            late.unwrap().unwrap();
+            R
+        }
+    };
+    let (_, token, _) = store.level("tokens", w.owner.token_id).await;
+    let (_, user, _) = store.level("users", w.owner.user_id).await;
+    assert_eq!(
+        (token, user),
+        (9 * R - spent, 99 * R - spent),
+        "{} {end:?}: 1 R spent today and {spent} ahead",
+        store.name()
+    );
+    let admitted = (token / R) as usize;
+    for i in 0..admitted {
+        let r = store
+            .charge_one(&w.owner, &format!("r{}", i + 1), &w.right)
+            .await;
+        assert!(r.is_ok(), "{} {end:?}: {i}: {r:?}", store.name());
+    }
+    let refused = store.charge_one(&w.owner, "r-last", &w.right).await;
+    assert!(
+        refused.is_err(),
+        "{} {end:?}: the day is spent",
+        store.name()
+    );
+    store.assert_settled().await;
+}
+
+async fn ahead_settled(store: Store) {
+    ahead_ends_after_the_rollback(store, End::Settled).await
+}
+on_both_stores!(
+    a_reservation_ahead_settled_after_the_rollback_refunds_the_hosts_period,
+    ahead_settled
+);
+
+async fn ahead_released(store: Store) {
+    ahead_ends_after_the_rollback(store, End::Released).await
+}
+on_both_stores!(
+    a_reservation_ahead_released_after_the_rollback_refunds_the_hosts_period,
+    ahead_released
+);
+
+async fn ahead_orphaned(store: Store) {
+    ahead_ends_after_the_rollback(store, End::LateOrphan).await
+}
+on_both_stores!(
+    an_orphan_ahead_settled_late_after_the_rollback_refunds_the_hosts_period,
+    ahead_orphaned
 );

@@ -372,29 +372,29 @@ fn settle_from(
     let actual = actual.max(0);
     let charged = actual.min(held.amount);
     let refund = held.amount - charged;
-    let mut remaining = None;
-    let mut token_remaining = None;
+    let mut left: [Option<i64>; 3] = [None; 3];
+    // Levels no longer in the reservation's period: (level, its period, its rule).
+    let mut moved = Vec::new();
     for level in LEVELS {
         let sql = &SQL[level.idx()];
         let (id, period) = (held.owner.id(level), held.periods[level.idx()].as_str());
-        let left = if open {
-            tx.query_row(
-                sql.settle.as_str(),
-                &[held.amount.into(), period.into(), refund.into(), id.into()],
-                |r| r.int(0),
-            )?
-            .flatten()
+        let read = |r: &raw::Row| (r.int(0), r.text(1).unwrap_or_default(), r.text(2));
+        let row = if open {
+            let params = [held.amount.into(), period.into(), refund.into(), id.into()];
+            tx.query_row(sql.settle.as_str(), &params, read)?
         } else {
-            tx.query_row(
-                sql.refund.as_str(),
-                &[refund.into(), id.into(), period.into()],
-                |r| r.int(0),
-            )?
-            .flatten()
+            let params = [refund.into(), id.into(), period.into()];
+            tx.query_row(sql.refund.as_str(), &params, read)?
         };
-        remaining = tighter(remaining, left);
-        if level == Level::Token {
-            token_remaining = left;
+        let Some((remaining, at, rule)) = row else {
+            continue;
+        };
+        if at == period {
+            left[level.idx()] = remaining;
+        } else {
+            // An orphan's correction refunds only a level still in its period.
+            left[level.idx()] = remaining.filter(|_| open);
+            moved.push((level, at, rule));
         }
     }
     let now_s = db_time(now);
@@ -419,10 +419,56 @@ fn settle_from(
             &now_s,
         )?;
     }
+    if refund > 0 {
+        for (level, at, rule) in moved {
+            let Some(reset) = rule.as_deref().and_then(Reset::parse) else {
+                continue;
+            };
+            let (id, held_in) = (held.owner.id(level), &held.periods[level.idx()]);
+            if let Some(now_left) = recarry_tx(tx, level, id, reset, held_in, &at, &now_s)? {
+                left[level.idx()] = now_left;
+            }
+        }
+    }
     Ok(Some(Settled {
         charged,
         absorbed,
-        remaining,
-        token_remaining,
+        remaining: left.into_iter().fold(None, tighter),
+        token_remaining: left[Level::Token.idx()],
     }))
+}
+
+/// After a refund into `held`, a period a wrong clock had put the level in and from which it
+/// was rolled back into `current`: the carry of `held`'s spend into `current` follows what
+/// `held` now spent, and the level gets the difference back — else the host's period kept
+/// the whole estimate of a request that cost less (s30 last attack F1). Returns the level's
+/// remaining balance when it changed.
+fn recarry_tx(
+    tx: &mut Conn<'_>,
+    level: Level,
+    id: i64,
+    reset: Reset,
+    held: &str,
+    current: &str,
+    now: &str,
+) -> Result<Option<Option<i64>>> {
+    let Some(reason) = carried_from(reset, held, current) else {
+        return Ok(None);
+    };
+    let sql = &SQL[level.idx()];
+    let params = [
+        id.into(),
+        current.into(),
+        held.into(),
+        reason.as_str().into(),
+        now.into(),
+    ];
+    let Some(Some(amount)) = tx.query_row(sql.recarry.as_str(), &params, |r| r.int(0))? else {
+        return Ok(None);
+    };
+    tx.query_row(
+        sql.debit.as_str(),
+        &[amount.into(), id.into(), current.into()],
+        |r| r.int(0),
+    )
 }

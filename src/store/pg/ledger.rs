@@ -111,8 +111,8 @@ fn rollover_sql(level: Level) -> String {
 }
 
 /// Into `$2`, before a rollback's rollover: what period `$3` spent that no carry with reason
-/// `$4` brought yet, in full (as SQLite's `carry_back`).
-fn carry_back_sql(level: Level) -> String {
+/// `$4` brought yet, in full (as SQLite's `carry_back`); `tail` ends the statement.
+fn carry_back_sql(level: Level, tail: &str) -> String {
     let (_, id_col, period_col) = TABLES[idx(level)];
     format!(
         "INSERT INTO ledger ({id_col}, period, user_period, team_period, kind, amount_micros, reason, created_at)
@@ -121,8 +121,58 @@ fn carry_back_sql(level: Level) -> String {
                 WHERE {id_col} = $1 AND {period_col} = $3 AND kind IN ('reserve', 'settle', 'adjust')) s,
               (SELECT SUM(amount_micros) AS done FROM ledger
                 WHERE {id_col} = $1 AND {period_col} = $2 AND kind = 'adjust' AND reason = $4) c
-         WHERE s.total IS NOT NULL AND s.total - COALESCE(c.done, 0) <> 0"
+         WHERE s.total IS NOT NULL AND s.total - COALESCE(c.done, 0) <> 0{tail}"
     )
+}
+
+/// A level a settlement found in another period than its reservation's (`held`): its id,
+/// the period it is in and its rule, as the settling statement returned them (under the
+/// row lock it took).
+pub(super) struct Moved {
+    pub level: Level,
+    pub id: i64,
+    pub held: String,
+    pub current: String,
+    pub rule: String,
+}
+
+/// After a refund into `held`, a period a wrong clock had put the level in and from which it
+/// was rolled back into `current` (as SQLite's `cas::recarry_tx`): the carry of `held`'s
+/// spend follows what `held` now spent, and the level gets the difference back (s30 last
+/// attack F1). Returns the level's remaining balance when it changed.
+pub(super) async fn recarry(
+    conn: &mut PgConnection,
+    m: &Moved,
+    now: &str,
+) -> Result<Option<Option<i64>>> {
+    let Some(reason) = Reset::parse(&m.rule).and_then(|r| carried_from(r, &m.held, &m.current))
+    else {
+        return Ok(None);
+    };
+    let amount: Option<Option<i64>> = sqlx::query_scalar(&carry_back_sql(
+        m.level,
+        " AND c.done IS NOT NULL RETURNING amount_micros",
+    ))
+    .bind(m.id)
+    .bind(&m.current)
+    .bind(&m.held)
+    .bind(&reason)
+    .bind(now)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(Some(amount)) = amount else {
+        return Ok(None);
+    };
+    let table = TABLES[idx(m.level)].0;
+    let left: Option<Option<i64>> = sqlx::query_scalar(&format!(
+        "UPDATE {table} SET remaining_micros = remaining_micros - $1 WHERE id = $2 AND period = $3 RETURNING remaining_micros"
+    ))
+    .bind(amount)
+    .bind(m.id)
+    .bind(&m.current)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(left)
 }
 
 /// Rolls a level from `stored` over to `period` of rule `reset` (conditionally on the stored
@@ -142,7 +192,7 @@ async fn rollover(
     // A rollback carries the period ahead's spend in first, so the rollover counts it.
     let carried = carried_from(reset, stored, period);
     if let Some(reason) = &carried {
-        sqlx::query(&carry_back_sql(level))
+        sqlx::query(&carry_back_sql(level, ""))
             .bind(id)
             .bind(period)
             .bind(stored)

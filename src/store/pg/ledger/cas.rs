@@ -6,10 +6,11 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 
 use super::group::{Answer, Part};
-use super::{id_of, idx, owner_locks, rollover, tighter};
+use super::{id_of, idx, owner_locks, recarry, rollover, tighter, Moved};
 use crate::clock::{db_time, Clock};
 use crate::quota::period::Reset;
 use crate::store::audit::AuditKeys;
@@ -352,7 +353,9 @@ pub async fn reserve_via(
 /// `$2` — the one settled as an orphan meanwhile), refunds every level still in the
 /// reservation's period, releases what an open one held, and appends the `settle` row and,
 /// when positive, the `absorbed` row. No row when the request was settled already.
-/// `$3` is the actual cost (≥ 0), `$4` the time.
+/// `$3` is the actual cost (≥ 0), `$4` the time. Its columns from the sixth on are what
+/// `moved` reads: each level's period when it is no longer the reservation's, its rule,
+/// then the reservation's ids and periods.
 const SETTLE: &str = "WITH a AS (DELETE FROM reservations WHERE request_id = $1
             RETURNING token_id, user_id, team_id, period, user_period, team_period, amount_micros, TRUE AS open),
     b AS (DELETE FROM orphaned WHERE request_id = $1 AND $2 AND NOT EXISTS (SELECT 1 FROM a)
@@ -362,20 +365,57 @@ const SETTLE: &str = "WITH a AS (DELETE FROM reservations WHERE request_id = $1
             FROM (SELECT * FROM a UNION ALL SELECT * FROM b) AS x),
     t AS (UPDATE tokens SET reserved_micros = reserved_micros - h.release,
                 remaining_micros = CASE WHEN tokens.period = h.period THEN remaining_micros + h.amount_micros - h.charged ELSE remaining_micros END
-            FROM h WHERE tokens.id = h.token_id AND (h.open OR tokens.period = h.period) RETURNING tokens.remaining_micros),
+            FROM h WHERE tokens.id = h.token_id
+            RETURNING CASE WHEN h.open OR tokens.period = h.period THEN tokens.remaining_micros END AS remaining_micros,
+                NULLIF(tokens.period, h.period) AS moved, tokens.reset),
     u AS (UPDATE users SET reserved_micros = reserved_micros - h.release,
                 remaining_micros = CASE WHEN users.period = h.user_period THEN remaining_micros + h.amount_micros - h.charged ELSE remaining_micros END
-            FROM h WHERE users.id = h.user_id AND (h.open OR users.period = h.user_period) RETURNING users.remaining_micros),
+            FROM h WHERE users.id = h.user_id
+            RETURNING CASE WHEN h.open OR users.period = h.user_period THEN users.remaining_micros END AS remaining_micros,
+                NULLIF(users.period, h.user_period) AS moved, users.reset),
     m AS (UPDATE teams SET reserved_micros = reserved_micros - h.release,
                 remaining_micros = CASE WHEN teams.period = h.team_period THEN remaining_micros + h.amount_micros - h.charged ELSE remaining_micros END
-            FROM h WHERE teams.id = h.team_id AND (h.open OR teams.period = h.team_period) RETURNING teams.remaining_micros),
+            FROM h WHERE teams.id = h.team_id
+            RETURNING CASE WHEN h.open OR teams.period = h.team_period THEN teams.remaining_micros END AS remaining_micros,
+                NULLIF(teams.period, h.team_period) AS moved, teams.reset),
     l AS (INSERT INTO ledger (token_id, user_id, team_id, period, user_period, team_period, kind, amount_micros, request_id, created_at)
             SELECT h.token_id, h.user_id, h.team_id, h.period, h.user_period, h.team_period, k.kind, k.amount, $1, $4
             FROM h, LATERAL (VALUES ('settle', h.charged - h.amount_micros), ('absorbed', $3::BIGINT - h.charged)) AS k(kind, amount)
             WHERE k.kind = 'settle' OR k.amount > 0)
-    SELECT h.charged, $3::BIGINT - h.charged,
-           (SELECT remaining_micros FROM t), (SELECT remaining_micros FROM u), (SELECT remaining_micros FROM m)
-    FROM h";
+    SELECT h.charged, $3::BIGINT - h.charged, t.remaining_micros, u.remaining_micros, m.remaining_micros,
+           t.moved, t.reset, u.moved, u.reset, m.moved, m.reset,
+           h.token_id, h.user_id, h.team_id, h.period, h.user_period, h.team_period
+    FROM h, t, u, m";
+
+/// Recarries (`pg::ledger::recarry`) the levels a settling statement's `row` found in
+/// another period than the reservation's: from column `at`, each level's period when moved
+/// and its rule, then the reservation's three ids and three periods. `left` takes the
+/// balances that changed.
+pub(super) async fn follow_moved(
+    conn: &mut PgConnection,
+    row: &PgRow,
+    at: usize,
+    left: &mut [Option<i64>; 3],
+    now: &str,
+) -> Result<()> {
+    for level in LEVELS {
+        let i = idx(level);
+        let Some(current) = row.try_get::<Option<String>, _>(at + 2 * i)? else {
+            continue;
+        };
+        let moved = Moved {
+            level,
+            id: row.try_get(at + 6 + i)?,
+            held: row.try_get(at + 9 + i)?,
+            current,
+            rule: row.try_get(at + 2 * i + 1)?,
+        };
+        if let Some(now_left) = recarry(conn, &moved, now).await? {
+            left[i] = now_left;
+        }
+    }
+    Ok(())
+}
 
 /// Settlement inside the caller's transaction, by request id (the row is the truth about
 /// what was reserved); `store::ledger::settle_tx`'s semantics: an open reservation is
@@ -407,10 +447,12 @@ async fn settle_from(
     else {
         return Ok(None);
     };
-    let left: [Option<i64>; 3] = [row.try_get(2)?, row.try_get(3)?, row.try_get(4)?];
+    let mut left: [Option<i64>; 3] = [row.try_get(2)?, row.try_get(3)?, row.try_get(4)?];
+    let (charged, absorbed): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
+    follow_moved(conn, &row, 5, &mut left, &db_time(now)).await?;
     Ok(Some(Settled {
-        charged: row.try_get(0)?,
-        absorbed: row.try_get(1)?,
+        charged,
+        absorbed,
         remaining: left.into_iter().fold(None, tighter),
         token_remaining: left[0],
     }))

@@ -43,6 +43,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row};
 
+use super::cas::follow_moved;
 use super::tighter;
 use crate::clock::db_time;
 use crate::store::ledger::{Owner, Refusal, Reservation, Settled, LEVELS};
@@ -76,8 +77,10 @@ pub enum Answer {
 }
 
 /// `$1`–`$4` arrays of request id, whether an orphaned one counts, actual cost, time; one
-/// row per request id found: its index (`i`, 1-based in the arrays), charged, absorbed and
-/// each level's remaining balance after the whole statement.
+/// row per request id found: its index (`i`, 1-based in the arrays), charged, absorbed,
+/// each level's remaining balance after the whole statement, then what `cas::follow_moved`
+/// reads. Every level of a settled reservation is written (a release of 0 where nothing
+/// changes), so each has its row to report its period from.
 const SETTLE_MANY: &str = "WITH j AS (SELECT * FROM unnest($1::TEXT[], $2::BOOL[], $3::BIGINT[], $4::TEXT[])
             WITH ORDINALITY AS j(request_id, or_orphaned, actual, at, i)),
     a AS (DELETE FROM reservations r USING j WHERE r.request_id = j.request_id
@@ -91,27 +94,30 @@ const SETTLE_MANY: &str = "WITH j AS (SELECT * FROM unnest($1::TEXT[], $2::BOOL[
     t AS (UPDATE tokens SET reserved_micros = reserved_micros - s.release, remaining_micros = remaining_micros + s.refund
             FROM (SELECT h.token_id AS id, SUM(h.release)::BIGINT AS release,
                          SUM(CASE WHEN k.period = h.period THEN h.amount_micros - h.charged ELSE 0 END)::BIGINT AS refund
-                  FROM h JOIN tokens k ON k.id = h.token_id WHERE h.open OR k.period = h.period GROUP BY h.token_id) s
-            WHERE tokens.id = s.id RETURNING tokens.id, tokens.remaining_micros),
+                  FROM h JOIN tokens k ON k.id = h.token_id GROUP BY h.token_id) s
+            WHERE tokens.id = s.id RETURNING tokens.id, tokens.remaining_micros, tokens.period, tokens.reset),
     u AS (UPDATE users SET reserved_micros = reserved_micros - s.release, remaining_micros = remaining_micros + s.refund
             FROM (SELECT h.user_id AS id, SUM(h.release)::BIGINT AS release,
                          SUM(CASE WHEN k.period = h.user_period THEN h.amount_micros - h.charged ELSE 0 END)::BIGINT AS refund
-                  FROM h JOIN users k ON k.id = h.user_id WHERE h.open OR k.period = h.user_period GROUP BY h.user_id) s
-            WHERE users.id = s.id RETURNING users.id, users.remaining_micros),
+                  FROM h JOIN users k ON k.id = h.user_id GROUP BY h.user_id) s
+            WHERE users.id = s.id RETURNING users.id, users.remaining_micros, users.period, users.reset),
     m AS (UPDATE teams SET reserved_micros = reserved_micros - s.release, remaining_micros = remaining_micros + s.refund
             FROM (SELECT h.team_id AS id, SUM(h.release)::BIGINT AS release,
                          SUM(CASE WHEN k.period = h.team_period THEN h.amount_micros - h.charged ELSE 0 END)::BIGINT AS refund
-                  FROM h JOIN teams k ON k.id = h.team_id WHERE h.open OR k.period = h.team_period GROUP BY h.team_id) s
-            WHERE teams.id = s.id RETURNING teams.id, teams.remaining_micros),
+                  FROM h JOIN teams k ON k.id = h.team_id GROUP BY h.team_id) s
+            WHERE teams.id = s.id RETURNING teams.id, teams.remaining_micros, teams.period, teams.reset),
     l AS (INSERT INTO ledger (token_id, user_id, team_id, period, user_period, team_period, kind, amount_micros, request_id, created_at)
             SELECT h.token_id, h.user_id, h.team_id, h.period, h.user_period, h.team_period, k.kind, k.amount, h.request_id, h.at
             FROM h, LATERAL (VALUES ('settle', h.charged - h.amount_micros), ('absorbed', h.actual - h.charged)) AS k(kind, amount)
             WHERE k.kind = 'settle' OR k.amount > 0)
     SELECT h.i, h.charged, h.actual - h.charged,
-           (SELECT remaining_micros FROM t WHERE t.id = h.token_id),
-           (SELECT remaining_micros FROM u WHERE u.id = h.user_id),
-           (SELECT remaining_micros FROM m WHERE m.id = h.team_id)
-    FROM h";
+           CASE WHEN h.open OR t.period = h.period THEN t.remaining_micros END,
+           CASE WHEN h.open OR u.period = h.user_period THEN u.remaining_micros END,
+           CASE WHEN h.open OR m.period = h.team_period THEN m.remaining_micros END,
+           NULLIF(t.period, h.period), t.reset, NULLIF(u.period, h.user_period), u.reset,
+           NULLIF(m.period, h.team_period), m.reset,
+           h.token_id, h.user_id, h.team_id, h.period, h.user_period, h.team_period
+    FROM h JOIN t ON t.id = h.token_id JOIN u ON u.id = h.user_id JOIN m ON m.id = h.team_id";
 
 /// Arrays: `$1` amount, `$2`–`$4` token, user, team, `$5` time (the host's, written in
 /// the rows; the token's expiry is judged by the database's clock, `db_now!`), `$6`
@@ -230,8 +236,10 @@ async fn settle_many(
     }
     for row in rows {
         let i: i64 = row.try_get(0)?;
-        let n = picked[index(i, picked.len())?];
-        let left: [Option<i64>; 3] = [row.try_get(3)?, row.try_get(4)?, row.try_get(5)?];
+        let k = index(i, picked.len())?;
+        let n = picked[k];
+        let mut left: [Option<i64>; 3] = [row.try_get(3)?, row.try_get(4)?, row.try_get(5)?];
+        follow_moved(conn, &row, 6, &mut left, &at[k]).await?;
         answers[n] = Some(Answer::Settle(Some(Settled {
             charged: row.try_get(1)?,
             absorbed: row.try_get(2)?,
