@@ -41,7 +41,9 @@ pub struct TokenAuth {
     /// A rotated token whose text was presented, working as its successor (`owner`) during
     /// its overlap: its `last_used_at` still follows its use (`store::requests`).
     pub presented: Option<i64>,
-    pub models: Option<Vec<String>>,
+    /// The models the token may use (all when `None`); shared, so each request's
+    /// `Prepared::allowed` is a pointer copy.
+    pub models: Option<Arc<[String]>>,
     pub rpm: Option<i64>,
     pub tpm: Option<i64>,
     pub user_rpm: Option<i64>,
@@ -86,7 +88,8 @@ impl TokenAuth {
             models: row
                 .models
                 .as_deref()
-                .and_then(|m| serde_json::from_str(m).ok()),
+                .and_then(|m| serde_json::from_str::<Vec<String>>(m).ok())
+                .map(Arc::from),
             rpm: row.rpm,
             tpm: row.tpm,
             user_rpm: row.user_rpm,

@@ -90,7 +90,7 @@ pub struct Prepared {
     pub started_at: DateTime<Utc>,
     /// The token's `models` list (`TokenAuth::models`; `None`: every model), which bounds
     /// the fallbacks too (`fallbacks`).
-    pub allowed: Option<Vec<String>>,
+    pub allowed: Option<Arc<[String]>>,
 }
 
 impl Prepared {
