@@ -251,7 +251,9 @@ mod tests {
     }
 
     #[test]
-    fn a_rollback_from_a_period_ahead_counts_that_periods_spend_too() {
+    fn only_a_move_back_from_a_later_period_of_the_rule_is_a_rollback() {
+        // `counted_with` names the period a move leaves when it is a rollback (its spend
+        // is carried: `store::ledger::carried_from`), else the period it enters.
         assert_eq!(
             Reset::Daily.counted_with("2036-01-01", "2026-12-31"),
             "2036-01-01"
