@@ -770,4 +770,43 @@ mod tests {
         assert_eq!(e.kind, "later");
         assert!(anthropic_event(r#"{"delta": {}}"#).is_err());
     }
+
+    /// A key twice is refused, not read one way here and another by the client (a
+    /// JavaScript client keeps the last: `{"type":"ping","type":"content_block_delta"}`
+    /// would reach it as text the gateway did not count).
+    #[test]
+    fn a_key_given_twice_is_refused() {
+        let delta = r#""index": 0, "delta": {"type": "text_delta", "text": "x"}"#;
+        // Each with its duplicate, and once without it (read).
+        for (twice, once) in [
+            (
+                r#""type": "ping", "type": "content_block_delta""#,
+                r#""type": "content_block_delta""#,
+            ),
+            (
+                r#""type": "content_block_delta", "type": "ping""#,
+                r#""type": "ping""#,
+            ),
+        ] {
+            assert!(
+                anthropic_event(&format!("{{{twice}, {delta}}}")).is_err(),
+                "{twice}"
+            );
+            assert!(
+                anthropic_event(&format!("{{{once}, {delta}}}")).is_ok(),
+                "{once}"
+            );
+        }
+        let text = |t: &str| {
+            format!(
+                r#"{{"type": "content_block_delta", "index": 0, "delta": {{"type": "text_delta", {t}}}}}"#
+            )
+        };
+        assert!(anthropic_event(&text(r#""text": "", "text": "uncounted""#)).is_err());
+        assert!(anthropic_event(&text(r#""text": "counted""#)).is_ok());
+        let usage =
+            |u: &str| format!(r#"{{"type": "message_delta", "delta": {{}}, "usage": {{{u}}}}}"#);
+        assert!(anthropic_event(&usage(r#""output_tokens": 900, "output_tokens": 1"#)).is_err());
+        assert!(anthropic_event(&usage(r#""output_tokens": 900"#)).is_ok());
+    }
 }
