@@ -5,7 +5,8 @@
 //! into tokens, and a candidate is only compared by similarity when its tokens agree:
 //!
 //! - with the built-in `lexical` embedder (strict): every token, in order. What may differ
-//!   is case (outside code and short acronyms: `IT` is not `it`), punctuation, spacing
+//!   is case (outside code, short acronyms — `IT` is not `it` — and words whose case
+//!   names something: `MBps`/`Mbps`, `3 Mm`/`3 mm`, `-R`/`-r`), punctuation, spacing
 //!   within a line, contractions (`what's` = `what is`), Unicode composition (NFC),
 //!   `how can I` = `how do I`, and filler only where it cannot be the question: greetings
 //!   and thanks that make up a whole segment ("Hi!", ", thanks.") — but not after words
@@ -318,6 +319,23 @@ fn is_acronym(word: &str) -> bool {
     word.chars().filter(|c| c.is_alphabetic()).count() >= 2 && !word.chars().any(char::is_lowercase)
 }
 
+/// A word whose case names what its lower case does not, after `prev`: a capital inside
+/// a word with small letters (`MBps` and `Mbps`, `mHz`, `kB`, `pH`), a short word after a
+/// number (a unit: `3 Mm` and `3 mm`), a single letter after a dash (a flag: `-R` and
+/// `-r`). Read folded, each such pair was one question — a semantic hit at similarity 1
+/// answered the other (s31 cache attack F1).
+fn case_counts(raw: &Raw, prev: Option<&Raw>) -> bool {
+    let letters = || raw.text.chars().filter(|c| c.is_alphabetic());
+    let inner_capital =
+        letters().skip(1).any(char::is_uppercase) && letters().any(char::is_lowercase);
+    let after_number = prev.is_some_and(|p| {
+        p.text.chars().any(|c| c.is_ascii_digit())
+            && p.text.chars().all(|c| c.is_ascii_digit() || c == '.' || c == ',')
+    }) && letters().count() <= 3;
+    let flag = letters().count() == 1 && prev.is_some_and(|p| p.symbol && p.text.ends_with('-'));
+    inner_capital || after_number || flag
+}
+
 /// A capitalised word inside a sentence, or an acronym.
 fn is_name(raw: &Raw) -> bool {
     let first_upper = raw
@@ -396,7 +414,7 @@ pub fn tokens(text: &str, ignore_identifiers: bool) -> Vec<Token> {
     let letters = || text.chars().filter(|c| c.is_alphabetic());
     let shouting = letters().next().is_some() && letters().all(|c| !c.is_lowercase());
     let mut words: Vec<Word> = Vec::new();
-    for raw in &raws {
+    for (i, raw) in raws.iter().enumerate() {
         let (segment, joint) = (raw.segment, raw.joint);
         if raw.symbol {
             words.push(Word {
@@ -425,11 +443,13 @@ pub fn tokens(text: &str, ignore_identifiers: bool) -> Vec<Token> {
         // for short acronyms, whose lower case is often another word (`IT`, `WHO`, `US`);
         // a long word in capitals is emphasis (`a FAILING alternator`).
         let short_acronym = acronym && raw.text.chars().filter(|c| c.is_alphabetic()).count() <= 4;
-        let keep_case = code || short_acronym;
+        let cased = !shouting && case_counts(raw, i.checked_sub(1).map(|p| &raws[p]));
+        let keep_case = code || short_acronym || cased;
         let expanded = expand(&lower);
         let whole = expanded.len() == 1;
         for w in expanded {
             let significant = code
+                || cased
                 || name
                 || w.contains(['_', '.'])
                 || w.chars().any(|c| c.is_ascii_digit())
