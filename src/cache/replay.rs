@@ -215,7 +215,14 @@ impl Assembler {
         if !v["usage"].is_null() {
             self.answer.insert("usage".into(), v["usage"].clone());
         }
+        // One choice, numbered 0, is what is rebuilt: another (a choice not asked for, or one
+        // numbered otherwise) would be appended to it — the client's SDK keeps choices
+        // apart by their index (s31 cache attack F4).
+        let choices = v["choices"].as_array().map_or(0, Vec::len);
         let c = &v["choices"][0];
+        if choices > 1 || !(c["index"].is_null() || c["index"] == 0) {
+            self.faithful = false;
+        }
         // Log probabilities, audio and annotations are not rebuilt: an answer that had
         // them is not stored rather than stored without them.
         // `content` only as text: parts (Mistral's, thinking among them) are not rebuilt,
@@ -273,6 +280,19 @@ impl Assembler {
         }
     }
 
+    /// Whether an Anthropic event's `index` is `n`.
+    fn at(&self, v: &Value, n: usize) -> bool {
+        v["index"].as_u64().and_then(|i| usize::try_from(i).ok()) == Some(n)
+    }
+
+    /// Whether an Anthropic event's `index` is the block last started.
+    fn at_open(&self, v: &Value) -> bool {
+        self.blocks
+            .len()
+            .checked_sub(1)
+            .is_some_and(|n| self.at(v, n))
+    }
+
     fn push_anthropic(&mut self, v: &Value) {
         match v["type"].as_str() {
             Some("message_start") => {
@@ -288,6 +308,12 @@ impl Assembler {
                 if !matches!(b["type"].as_str(), Some("text" | "tool_use")) || cited {
                     self.faithful = false;
                 }
+                // Blocks are rebuilt in the order they start, each delta into the open one:
+                // numbered otherwise, a delta would land in another block than the
+                // client's (s31 cache attack F4).
+                if !self.at(v, self.blocks.len()) {
+                    self.faithful = false;
+                }
                 self.blocks.push(v["content_block"].clone());
                 self.partial.clear();
             }
@@ -295,7 +321,8 @@ impl Assembler {
                 if !matches!(
                     v["delta"]["type"].as_str(),
                     Some("text_delta" | "input_json_delta")
-                ) {
+                ) || !self.at_open(v)
+                {
                     self.faithful = false;
                 }
                 let block = self.blocks.last_mut().and_then(Value::as_object_mut);
@@ -313,6 +340,9 @@ impl Assembler {
                 }
             }
             Some("content_block_stop") => {
+                if !self.at_open(v) {
+                    self.faithful = false;
+                }
                 if let Some(b) = self.blocks.last_mut().filter(|b| b["type"] == "tool_use") {
                     // No input streamed is the empty object the call started as. Input that
                     // is not a JSON object (cut at the cap, or garbled) is not rebuilt: as
@@ -492,6 +522,73 @@ mod tests {
         let answer = asm.finish(None).unwrap();
         assert_eq!(answer["choices"][0]["message"]["content"], "Hi", "{answer}");
         assert_eq!(answer["usage"]["completion_tokens"], 1, "{answer}");
+    }
+
+    /// A stream whose chunks number their choices otherwise than one choice 0, or whose
+    /// Anthropic deltas go to another block than the one open, is not stored: the client
+    /// kept them apart by index, the rebuilt answer would join them (s31 cache attack F4).
+    #[test]
+    fn a_stream_numbered_otherwise_than_it_is_rebuilt_is_not_stored() {
+        let chunk = |index: Value, content: &str, finish: Value| {
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [{"index": index, "delta": {"content": content}, "finish_reason": finish}]})
+        };
+        let openai = |second: Value| {
+            let mut asm = Assembler::new(WireFormat::OpenAi, 1 << 20);
+            for data in [
+                chunk(json!(0), "Paris", Value::Null),
+                second,
+                chunk(json!(0), "", json!("stop")),
+            ] {
+                asm.push(&frame(None, &data.to_string()));
+            }
+            asm.push(&frame(None, "[DONE]"));
+            asm.finish(None)
+        };
+        assert!(openai(chunk(json!(0), " is in France", Value::Null)).is_some());
+        assert_eq!(openai(chunk(json!(1), " is in Texas", Value::Null)), None);
+        let two = json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"content": " is"}, "finish_reason": null},
+                        {"index": 1, "delta": {"content": " in Texas"}, "finish_reason": null}]});
+        assert_eq!(openai(two), None);
+        let anthropic = |events: &[Value]| {
+            let mut asm = Assembler::new(WireFormat::Anthropic, 1 << 20);
+            let start = json!({"type": "message_start", "message": {"id": "m", "type": "message", "role": "assistant",
+                "model": "c", "content": [], "stop_reason": null, "stop_sequence": null,
+                "usage": {"input_tokens": 1, "output_tokens": 0}}});
+            let end = [
+                json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 3}}),
+                json!({"type": "message_stop"}),
+            ];
+            for data in std::iter::once(&start).chain(events).chain(&end) {
+                asm.push(&frame(None, &data.to_string()));
+            }
+            asm.finish(None)
+        };
+        let text_start = |i: u64| json!({"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}});
+        let delta = |i: u64, t: &str| json!({"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": t}});
+        let stop = |i: u64| json!({"type": "content_block_stop", "index": i});
+        let tool = json!({"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "t", "name": "f", "input": {}}});
+        assert!(anthropic(&[text_start(0), delta(0, "Hi"), stop(0)]).is_some());
+        for events in [
+            vec![text_start(1), delta(1, "Hi"), stop(1)],
+            vec![
+                text_start(0),
+                delta(0, "Hi"),
+                tool.clone(),
+                delta(0, "late"),
+                stop(1),
+                stop(0),
+            ],
+            vec![text_start(0), delta(0, "Hi"), stop(1)],
+            vec![
+                text_start(0),
+                json!({"type": "content_block_delta", "delta": {"type": "text_delta", "text": "Hi"}}),
+                stop(0),
+            ],
+        ] {
+            assert_eq!(anthropic(&events), None, "{events:?}");
+        }
     }
 
     /// What a rebuilt answer cannot hold faithfully makes it not stored: log probabilities.
