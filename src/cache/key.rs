@@ -16,6 +16,27 @@ use crate::error::WireFormat;
 
 pub type Key = [u8; 32];
 
+/// Whether a request names content by its address — an image or document given by URL
+/// (OpenAI's `image_url` other than a `data:` URL; an Anthropic `source` of type `url`),
+/// at any depth (a tool result holds images too). The key holds the address, not the
+/// bytes behind it, which may change under it (a chart re-rendered, `latest.png`).
+pub fn names_remote_content(v: &Value) -> bool {
+    match v {
+        Value::Array(items) => items.iter().any(names_remote_content),
+        Value::Object(o) => {
+            let remote_image = o.get("type").and_then(Value::as_str) == Some("image_url")
+                && o.get("image_url")
+                    .and_then(|i| i.get("url").or(Some(i)))
+                    .and_then(Value::as_str)
+                    .is_some_and(|u| !u.trim_start().starts_with("data:"));
+            let url_source = o.get("type").and_then(Value::as_str) == Some("url")
+                && o.get("url").is_some_and(Value::is_string);
+            remote_image || url_source || o.values().any(names_remote_content)
+        }
+        _ => false,
+    }
+}
+
 /// The longest last user message the semantic match reads (longer: exact matches only).
 pub const MAX_SEMANTIC_BYTES: usize = 32 * 1024;
 

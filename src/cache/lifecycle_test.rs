@@ -191,3 +191,51 @@ async fn a_row_stored_after_the_newest_was_evicted_is_followed_by_other_replicas
         "a key stored after the eviction is found"
     );
 }
+
+/// A request that names an image or a document by its URL is not cached unless the
+/// client asks for it: the key holds the address, not what it holds now (s31 cache attack
+/// F5). Inline (`data:`) images are keyed by their bytes and cached as any request.
+#[tokio::test]
+async fn content_named_by_its_url_is_cached_only_when_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&dir.path().join("remote.db"), false)
+        .await
+        .unwrap();
+    let c = cache(&db);
+    let ask = |part: Value, on: bool| {
+        let body = json!({"model": "m", "temperature": 0, "max_tokens": 10,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "What does this show?"}, part]}]});
+        let mut headers = actix_web::http::header::HeaderMap::new();
+        if on {
+            headers.insert(
+                actix_web::http::header::HeaderName::from_static("x-sluice-cache"),
+                actix_web::http::header::HeaderValue::from_static("on"),
+            );
+        }
+        let format = WireFormat::OpenAi;
+        let plan = c.plan(
+            &headers,
+            body.as_object().unwrap(),
+            format,
+            "m",
+            (1, 1),
+            None,
+            None,
+            None,
+        );
+        plan.unwrap().is_some()
+    };
+    let openai =
+        json!({"type": "image_url", "image_url": {"url": "https://example.com/latest.png"}});
+    let inline =
+        json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}});
+    let anthropic =
+        json!({"type": "image", "source": {"type": "url", "url": "https://example.com/chart.png"}});
+    let in_a_result =
+        json!({"type": "tool_result", "tool_use_id": "t", "content": [anthropic.clone()]});
+    for remote in [&openai, &anthropic, &in_a_result] {
+        assert!(!ask(remote.clone(), false), "{remote}");
+        assert!(ask(remote.clone(), true), "{remote}: asked for");
+    }
+    assert!(ask(inline, false));
+}

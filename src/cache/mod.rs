@@ -216,6 +216,10 @@ impl Cache {
         let wanted = match (self.cfg.mode.as_str(), asked) {
             ("off", _) | (_, Some("off")) => false,
             (_, Some("on" | "refresh")) => true,
+            // Content named by its address is keyed by the address: the answer about
+            // what it held is served after it changed, unless the client asks for that
+            // (s31 cache attack F5).
+            _ if body.get("messages").is_some_and(key::names_remote_content) => false,
             ("all", _) => true,
             _ => deterministic,
         };
