@@ -23,8 +23,8 @@
 //!
 //! Settle deletes the reservation row and returns `R − charged` to every level whose period
 //! is still the reservation's (a request admitted just before a reset settles into the old
-//! period) — or, for a level rolled back from it since, to the period its carry went to
-//! (`cas::recarry_tx`) — and releases R from `reserved`. A reservation settled as an orphan (its owner
+//! period) — or, for a level rolled back from it since, to the period the carry of its
+//! estimate went to (`cas::recarry_tx`) — and releases R from `reserved`. A reservation settled as an orphan (its owner
 //! looked gone) is kept in `orphaned`; if its owner was only stalled and settles later, the
 //! settlement refunds the orphan's overcharge, so the ledger and the request log agree.
 //! Invariant per level and current period:
@@ -70,7 +70,9 @@ impl Level {
 struct LevelSql {
     rollover: String,
     carry_back: String,
-    recarry: String,
+    reserve_row: String,
+    carried_into: String,
+    uncarry: String,
     period: String,
     refund: String,
     reserve: String,
@@ -96,14 +98,34 @@ static SQL: LazyLock<[LevelSql; 3]> = LazyLock::new(|| {
                      WHERE id = ?2 AND period = ?3 RETURNING remaining_micros"
                 ),
                 // Into `?2`, before a rollback's `rollover`: what period `?3` spent that no
-                // carry with reason `?4` brought yet — counted once however often the level
-                // flips, and in full: capped at the room under the limit, a refund of a
-                // reservation open in `?2` gave back what the period ahead had used (s30
-                // final attack F1). The level may so be overdrawn, as by a lowered limit.
-                carry_back: carry_sql(id_col, period_col, ""),
-                // The same after a settlement refunded into `?3` once the level was rolled
-                // back from it: the carry follows what `?3` now spent (s30 last attack F1).
-                recarry: carry_sql(id_col, period_col, " AND c.done IS NOT NULL RETURNING amount_micros"),
+                // carry with reason `?4` brought yet, into any period — counted once however
+                // often the level flips, and however many of the host's periods the one
+                // ahead spans (s31 recarry attack F2) — and in full: capped at the room under
+                // the limit, a refund of a reservation open in `?2` gave back what the period
+                // ahead had used (s30 final attack F1). The level may so be overdrawn, as by
+                // a lowered limit.
+                carry_back: format!(
+                    "INSERT INTO ledger ({id_col}, period, user_period, team_period, kind, amount_micros, reason, created_at)
+                     SELECT ?1, ?2, ?2, ?2, 'adjust', s.total - COALESCE(c.done, 0), ?4, ?5
+                     FROM (SELECT SUM(amount_micros) AS total FROM ledger
+                            WHERE {id_col} = ?1 AND {period_col} = ?3 AND kind IN ('reserve', 'settle', 'adjust')) s,
+                          (SELECT SUM(amount_micros) AS done FROM ledger
+                            WHERE kind = 'adjust' AND reason = ?4 AND {id_col} = ?1) c
+                     WHERE s.total IS NOT NULL AND s.total - COALESCE(c.done, 0) <> 0"
+                ),
+                // What a refund follows back (`cas::recarry_tx`): the reservation's own row,
+                // then the first carry with reason `?2` after row `?3`.
+                reserve_row: format!(
+                    "SELECT id FROM ledger WHERE {id_col} = ?1 AND {period_col} = ?2 AND request_id = ?3 AND kind = 'reserve'"
+                ),
+                carried_into: format!(
+                    "SELECT {period_col}, id FROM ledger WHERE kind = 'adjust' AND reason = ?2 AND id > ?3 AND {id_col} = ?1
+                     ORDER BY id LIMIT 1"
+                ),
+                uncarry: format!(
+                    "INSERT INTO ledger ({id_col}, period, user_period, team_period, kind, amount_micros, reason, created_at)
+                     VALUES (?1, ?2, ?2, ?2, 'adjust', ?3, ?4, ?5)"
+                ),
                 period: format!("SELECT period FROM {table} WHERE id = ?1"),
                 reserve: format!(
                     "UPDATE {table} SET remaining_micros = remaining_micros - ?1, reserved_micros = reserved_micros + ?1
@@ -135,20 +157,6 @@ static SQL: LazyLock<[LevelSql; 3]> = LazyLock::new(|| {
         },
     )
 });
-
-/// Into `?2` as an `adjust` row with reason `?4` (at `?5`): what period `?3` spent that the
-/// carries with that reason have not brought yet; `tail` ends the statement.
-fn carry_sql(id_col: &str, period_col: &str, tail: &str) -> String {
-    format!(
-        "INSERT INTO ledger ({id_col}, period, user_period, team_period, kind, amount_micros, reason, created_at)
-         SELECT ?1, ?2, ?2, ?2, 'adjust', s.total - COALESCE(c.done, 0), ?4, ?5
-         FROM (SELECT SUM(amount_micros) AS total FROM ledger
-                WHERE {id_col} = ?1 AND {period_col} = ?3 AND kind IN ('reserve', 'settle', 'adjust')) s,
-              (SELECT SUM(amount_micros) AS done FROM ledger
-                WHERE {id_col} = ?1 AND {period_col} = ?2 AND kind = 'adjust' AND reason = ?4) c
-         WHERE s.total IS NOT NULL AND s.total - COALESCE(c.done, 0) <> 0{tail}"
-    )
-}
 
 /// Who a reservation belongs to, with each level's reset rule (to name its current period).
 #[derive(Debug, Clone)]

@@ -1205,6 +1205,8 @@ on_both_stores!(
 enum End {
     /// Settled at 1 R.
     Settled,
+    /// Settled at 1 R in a transaction of its own.
+    SettledAlone,
     /// Released (it cost nothing).
     Released,
     /// Settled as an orphan at its full 8 R, then at 1 R by its owner, only stalled (in a
@@ -1238,15 +1240,13 @@ async fn ahead_ends_after_the_rollback(store: Store, end: End) {
         "{}: the 8 R open ahead count today",
         store.name()
     );
-    let spent = match end {
-        End::Settled => {
-            w.wrong.settle("ahead", R, ahead).await.unwrap().unwrap();
-            R
+    let (told, spent) = match end {
+        End::Settled => (w.wrong.settle("ahead", R, ahead).await.unwrap(), R),
+        End::SettledAlone => {
+            let alone = ledger::settle(&w.wrong.db, "ahead", R, w.ahead.now()).await;
+            (alone.unwrap(), R)
         }
-        End::Released => {
-            w.wrong.release("ahead", ahead).await.unwrap();
-            0
-        }
+        End::Released => (w.wrong.release("ahead", ahead).await, 0),
         End::LateOrphan => {
             assert_eq!(
                 store
@@ -1264,8 +1264,7 @@ async fn ahead_ends_after_the_rollback(store: Store, end: End) {
             // In a transaction of its own (PostgreSQL's single-settlement statement; the
             // others go through the writer's grouped one).
             let late = ledger::settle(&w.wrong.db, "ahead", R, w.ahead.now()).await;
-            late.unwrap().unwrap();
-            R
+            (late.unwrap(), R)
         }
     };
     let (_, token, _) = store.level("tokens", w.owner.token_id).await;
@@ -1276,6 +1275,16 @@ async fn ahead_ends_after_the_rollback(store: Store, end: End) {
         "{} {end:?}: 1 R spent today and {spent} ahead",
         store.name()
     );
+    let told = told.expect("settled");
+    if !matches!(end, End::LateOrphan) {
+        // The balance the client is told is the one the level has now.
+        assert_eq!(
+            told.token_remaining,
+            Some(token),
+            "{} {end:?}",
+            store.name()
+        );
+    }
     let admitted = (token / R) as usize;
     for i in 0..admitted {
         let r = store
@@ -1300,6 +1309,14 @@ on_both_stores!(
     ahead_settled
 );
 
+async fn ahead_settled_alone(store: Store) {
+    ahead_ends_after_the_rollback(store, End::SettledAlone).await
+}
+on_both_stores!(
+    a_reservation_ahead_settled_alone_after_the_rollback_refunds_the_hosts_period,
+    ahead_settled_alone
+);
+
 async fn ahead_released(store: Store) {
     ahead_ends_after_the_rollback(store, End::Released).await
 }
@@ -1314,4 +1331,155 @@ async fn ahead_orphaned(store: Store) {
 on_both_stores!(
     an_orphan_ahead_settled_late_after_the_rollback_refunds_the_hosts_period,
     ahead_orphaned
+);
+
+/// Σ of the carries of period `from`'s spend (any period they went into) and `from`'s own
+/// spend, for the token: equal once nothing is open.
+async fn carried_and_spent(store: &Store, owner: &Owner, from: &str) -> (i64, i64) {
+    let reason = format!(
+        "the spend of period {from}, carried back: a clock ahead had rolled the level into it"
+    );
+    let id = owner.token_id;
+    (
+        store
+            .int(&format!(
+                "SELECT CAST(COALESCE(SUM(amount_micros), 0) AS BIGINT) FROM ledger WHERE token_id = {id} AND kind = 'adjust' AND reason = '{reason}'"
+            ))
+            .await,
+        store
+            .int(&format!(
+                "SELECT CAST(COALESCE(SUM(amount_micros), 0) AS BIGINT) FROM ledger WHERE token_id = {id} AND period = '{from}' AND kind IN ('reserve', 'settle', 'adjust')"
+            ))
+            .await,
+    )
+}
+
+/// The wrong clock's day spans the host's midnight (ten years ahead less twelve hours): its
+/// spend is carried into the host's day before midnight, and after it only what it spent
+/// since — carried again in full, the next day paid for the day before and was refused
+/// after 2 R of real spend. A reservation carried before midnight and settled after it
+/// gives its refund to the day its estimate went into, not to the next (s31 recarry attack
+/// F2).
+async fn ahead_across_midnight(store: Store) {
+    let w = WrongClock::daily(&store).await;
+    // 22:00 at the host, 10:00 ten years on: the wrong day runs from the host's noon to
+    // the next noon.
+    w.right.advance(Duration::hours(12));
+    let ahead: Arc<dyn Clock> = w.ahead.clone();
+    let reserved = w
+        .wrong
+        .reserve(&w.owner, "ahead", 8 * R, "w", ahead.clone());
+    reserved.await.unwrap().unwrap();
+    assert!(store.charge_one(&w.owner, "r0", &w.right).await.is_ok());
+    assert_eq!(store.level("tokens", w.owner.token_id).await.1, R);
+    // Past the host's midnight; the wrong clock is still in its day.
+    w.right.advance(Duration::hours(2) + Duration::minutes(30));
+    w.ahead.advance(Duration::hours(2) + Duration::minutes(30));
+    assert!(w.wrong.charge_one(&w.owner, "w1", &w.ahead).await.is_ok());
+    assert!(store.charge_one(&w.owner, "r1", &w.right).await.is_ok());
+    let (_, remaining, _) = store.level("tokens", w.owner.token_id).await;
+    assert_eq!(
+        remaining,
+        8 * R,
+        "{}: today 1 R and the 1 R ahead since midnight",
+        store.name()
+    );
+    w.wrong.settle("ahead", R, ahead).await.unwrap().unwrap();
+    let (_, remaining, _) = store.level("tokens", w.owner.token_id).await;
+    assert_eq!(
+        remaining,
+        8 * R,
+        "{}: the refund is yesterday's",
+        store.name()
+    );
+    let (carried, spent) = carried_and_spent(&store, &w.owner, "2036-12-04").await;
+    assert_eq!(carried, spent, "{}", store.name());
+    store.assert_settled().await;
+}
+on_both_stores!(
+    a_period_ahead_carried_before_and_after_the_hosts_midnight_counts_once,
+    ahead_across_midnight
+);
+
+/// Three clocks: the host's, one six days ahead, one ten years ahead. The reservation made
+/// ten years ahead is carried into the six-days-ahead period, and that period's spend into
+/// the host's; when the reservation settles for less, the refund follows its estimate
+/// through both (s31 recarry attack F1: it reached neither and the host's day was refused
+/// after 3 R of real spend).
+async fn ahead_through_a_middle_period(store: Store) {
+    let w = WrongClock::daily(&store).await;
+    let middle_host = store.another().await;
+    let middle = clock_at("2026-12-10T10:00:00Z");
+    let ahead: Arc<dyn Clock> = w.ahead.clone();
+    let reserved = w
+        .wrong
+        .reserve(&w.owner, "ahead", 8 * R, "w", ahead.clone());
+    reserved.await.unwrap().unwrap();
+    assert!(middle_host
+        .charge_one(&w.owner, "m0", &middle)
+        .await
+        .is_ok());
+    assert!(store.charge_one(&w.owner, "r0", &w.right).await.is_ok());
+    assert_eq!(store.level("tokens", w.owner.token_id).await.1, 0);
+    w.wrong.settle("ahead", R, ahead).await.unwrap().unwrap();
+    let (_, remaining, _) = store.level("tokens", w.owner.token_id).await;
+    assert_eq!(
+        remaining,
+        7 * R,
+        "{}: 1 R in each of the three periods",
+        store.name()
+    );
+    for i in 0..7 {
+        let r = store
+            .charge_one(&w.owner, &format!("r{}", i + 1), &w.right)
+            .await;
+        assert!(r.is_ok(), "{}: {i}: {r:?}", store.name());
+    }
+    assert!(store
+        .charge_one(&w.owner, "r-last", &w.right)
+        .await
+        .is_err());
+    for from in ["2036-12-04", "2026-12-10"] {
+        let (carried, spent) = carried_and_spent(&store, &w.owner, from).await;
+        assert_eq!(carried, spent, "{}: {from}", store.name());
+    }
+    store.assert_settled().await;
+}
+on_both_stores!(
+    a_reservation_two_periods_ahead_settled_after_two_rollbacks_refunds_the_hosts_period,
+    ahead_through_a_middle_period
+);
+
+/// Two reservations ahead, settled together after the rollback: each is told a balance
+/// some order of the two settlements gives — at the last, the level's (s31 recarry attack
+/// F3: in one grouped statement the second was told the balance before either refund).
+async fn ahead_settled_together(store: Store) {
+    let w = WrongClock::daily(&store).await;
+    let ahead: Arc<dyn Clock> = w.ahead.clone();
+    for id in ["a1", "a2"] {
+        let reserved = w.wrong.reserve(&w.owner, id, 4 * R, "w", ahead.clone());
+        reserved.await.unwrap().unwrap();
+    }
+    assert!(store.charge_one(&w.owner, "r0", &w.right).await.is_ok());
+    let (a, b) = tokio::join!(
+        w.wrong.settle("a1", R, ahead.clone()),
+        w.wrong.settle("a2", R, ahead.clone())
+    );
+    let (_, remaining, _) = store.level("tokens", w.owner.token_id).await;
+    assert_eq!(remaining, 7 * R, "{}", store.name());
+    let mut told: Vec<i64> = [a, b]
+        .into_iter()
+        .map(|s| s.unwrap().unwrap().token_remaining.unwrap())
+        .collect();
+    told.sort();
+    assert!(
+        told == [4 * R, 7 * R] || told == [7 * R, 7 * R],
+        "{}: told {told:?}",
+        store.name()
+    );
+    store.assert_settled().await;
+}
+on_both_stores!(
+    reservations_ahead_settled_together_are_told_a_true_balance,
+    ahead_settled_together
 );

@@ -9,8 +9,8 @@ use std::sync::{Arc, LazyLock};
 use chrono::{DateTime, Utc};
 
 use super::{
-    carried_from, rollover_entry, tighter, Level, OwnedReserve, Owner, Refusal, Reservation,
-    ReserveRequest, Settled, INSERT_LEDGER, LEVELS, SQL,
+    carried_from, carry_back_reason, rollover_entry, tighter, Level, OwnedReserve, Owner, Refusal,
+    Reservation, ReserveRequest, Settled, INSERT_LEDGER, LEVELS, SQL,
 };
 use crate::clock::{db_time, Clock};
 use crate::quota::period::Reset;
@@ -424,8 +424,15 @@ fn settle_from(
             let Some(reset) = rule.as_deref().and_then(Reset::parse) else {
                 continue;
             };
-            let (id, held_in) = (held.owner.id(level), &held.periods[level.idx()]);
-            if let Some(now_left) = recarry_tx(tx, level, id, reset, held_in, &at, &now_s)? {
+            let refunded = Refunded {
+                level,
+                id: held.owner.id(level),
+                held: &held.periods[level.idx()],
+                current: &at,
+                request_id,
+                refund,
+            };
+            if let Some(now_left) = recarry_tx(tx, reset, &refunded, &now_s)? {
                 left[level.idx()] = now_left;
             }
         }
@@ -438,37 +445,65 @@ fn settle_from(
     }))
 }
 
+/// How many carries a refund follows back — one per wrong clock between the period its
+/// reservation was made in and the host's; more are not followed.
+const MAX_HOPS: usize = 4;
+
+/// A refund of `refund` to a level (`id`) made in `held`, a period it is no longer in
+/// (`current`).
+pub(super) struct Refunded<'a> {
+    pub level: Level,
+    pub id: i64,
+    pub held: &'a str,
+    pub current: &'a str,
+    pub request_id: &'a str,
+    pub refund: i64,
+}
+
 /// After a refund into `held`, a period a wrong clock had put the level in and from which it
-/// was rolled back into `current`: the carry of `held`'s spend into `current` follows what
-/// `held` now spent, and the level gets the difference back — else the host's period kept
-/// the whole estimate of a request that cost less (s30 last attack F1). Returns the level's
-/// remaining balance when it changed.
+/// was rolled back: the refund follows the estimate where the carries took it — the first
+/// carry of `held`'s spend after the reservation's row, then (a carry into a period itself
+/// rolled back: three clocks) the first carry of that period's after it — each taking the
+/// refund back as a negative carry with its reason, and the level gets it when it lands in
+/// its current period. Else the host's period kept the whole estimate of a request that
+/// cost less (s30 last attack F1; s31 recarry attack F1), and a refund of an estimate
+/// carried into the day before went to the next (F2). Returns the level's remaining
+/// balance when it changed.
 fn recarry_tx(
     tx: &mut Conn<'_>,
-    level: Level,
-    id: i64,
     reset: Reset,
-    held: &str,
-    current: &str,
+    r: &Refunded<'_>,
     now: &str,
 ) -> Result<Option<Option<i64>>> {
-    let Some(reason) = carried_from(reset, held, current) else {
+    if carried_from(reset, r.held, r.current).is_none() {
+        return Ok(None);
+    }
+    let sql = &SQL[r.level.idx()];
+    let row = [r.id.into(), r.held.into(), r.request_id.into()];
+    let Some(Some(mut after)) = tx.query_row(sql.reserve_row.as_str(), &row, |x| x.int(0))? else {
         return Ok(None);
     };
-    let sql = &SQL[level.idx()];
-    let params = [
-        id.into(),
-        current.into(),
-        held.into(),
-        reason.as_str().into(),
-        now.into(),
-    ];
-    let Some(Some(amount)) = tx.query_row(sql.recarry.as_str(), &params, |r| r.int(0))? else {
-        return Ok(None);
-    };
-    tx.query_row(
-        sql.debit.as_str(),
-        &[amount.into(), id.into(), current.into()],
-        |r| r.int(0),
-    )
+    let mut from = r.held.to_string();
+    for _ in 0..MAX_HOPS {
+        let reason = carry_back_reason(&from);
+        let find = [r.id.into(), reason.as_str().into(), after.into()];
+        let found = tx.query_row(sql.carried_into.as_str(), &find, |x| (x.text(0), x.int(1)))?;
+        let Some((Some(into), Some(carry))) = found else {
+            return Ok(None);
+        };
+        let back = [
+            r.id.into(),
+            into.as_str().into(),
+            (-r.refund).into(),
+            reason.as_str().into(),
+            now.into(),
+        ];
+        tx.execute(sql.uncarry.as_str(), &back)?;
+        if into == r.current {
+            let credit = [(-r.refund).into(), r.id.into(), r.current.into()];
+            return tx.query_row(sql.debit.as_str(), &credit, |x| x.int(0));
+        }
+        (from, after) = (into, carry);
+    }
+    Ok(None)
 }

@@ -41,7 +41,9 @@ use super::{transact, PgDb};
 use crate::clock::db_time;
 use crate::quota::period::Reset;
 use crate::store::audit::{AuditEntry, AuditKeys};
-use crate::store::ledger::{carried_from, rollover_entry, Balance, Level, Orphans, Owner, LEVELS};
+use crate::store::ledger::{
+    carried_from, carry_back_reason, rollover_entry, Balance, Level, Orphans, Owner, LEVELS,
+};
 use crate::store::{Result, StoreError};
 
 /// The database's time, as the stored text (`clock::db_time`'s format), at the start of the
@@ -111,8 +113,8 @@ fn rollover_sql(level: Level) -> String {
 }
 
 /// Into `$2`, before a rollback's rollover: what period `$3` spent that no carry with reason
-/// `$4` brought yet, in full (as SQLite's `carry_back`); `tail` ends the statement.
-fn carry_back_sql(level: Level, tail: &str) -> String {
+/// `$4` brought yet, into any period, in full (as SQLite's `carry_back`).
+fn carry_back_sql(level: Level) -> String {
     let (_, id_col, period_col) = TABLES[idx(level)];
     format!(
         "INSERT INTO ledger ({id_col}, period, user_period, team_period, kind, amount_micros, reason, created_at)
@@ -120,59 +122,94 @@ fn carry_back_sql(level: Level, tail: &str) -> String {
          FROM (SELECT SUM(amount_micros) AS total FROM ledger
                 WHERE {id_col} = $1 AND {period_col} = $3 AND kind IN ('reserve', 'settle', 'adjust')) s,
               (SELECT SUM(amount_micros) AS done FROM ledger
-                WHERE {id_col} = $1 AND {period_col} = $2 AND kind = 'adjust' AND reason = $4) c
-         WHERE s.total IS NOT NULL AND s.total - COALESCE(c.done, 0) <> 0{tail}"
+                WHERE kind = 'adjust' AND reason = $4 AND {id_col} = $1) c
+         WHERE s.total IS NOT NULL AND s.total - COALESCE(c.done, 0) <> 0"
     )
 }
 
 /// A level a settlement found in another period than its reservation's (`held`): its id,
 /// the period it is in and its rule, as the settling statement returned them (under the
-/// row lock it took).
-pub(super) struct Moved {
+/// row lock it took), and the refund.
+pub(super) struct Moved<'a> {
     pub level: Level,
     pub id: i64,
     pub held: String,
     pub current: String,
     pub rule: String,
+    pub request_id: &'a str,
+    pub refund: i64,
 }
 
+/// How many carries a refund follows back (as SQLite's `cas::MAX_HOPS`).
+const MAX_HOPS: usize = 4;
+
 /// After a refund into `held`, a period a wrong clock had put the level in and from which it
-/// was rolled back into `current` (as SQLite's `cas::recarry_tx`): the carry of `held`'s
-/// spend follows what `held` now spent, and the level gets the difference back (s30 last
-/// attack F1). Returns the level's remaining balance when it changed.
+/// was rolled back (as SQLite's `cas::recarry_tx`): the refund follows the estimate where
+/// the carries took it, each taking it back as a negative carry with its reason, and the
+/// level gets it when it lands in its current period (s30 last attack F1; s31 recarry
+/// attack F1, F2). Returns the level's remaining balance when it changed.
 pub(super) async fn recarry(
     conn: &mut PgConnection,
-    m: &Moved,
+    m: &Moved<'_>,
     now: &str,
 ) -> Result<Option<Option<i64>>> {
-    let Some(reason) = Reset::parse(&m.rule).and_then(|r| carried_from(r, &m.held, &m.current))
-    else {
+    let ahead = Reset::parse(&m.rule).and_then(|r| carried_from(r, &m.held, &m.current));
+    if ahead.is_none() || m.refund <= 0 {
         return Ok(None);
-    };
-    let amount: Option<Option<i64>> = sqlx::query_scalar(&carry_back_sql(
-        m.level,
-        " AND c.done IS NOT NULL RETURNING amount_micros",
+    }
+    let (table, id_col, period_col) = TABLES[idx(m.level)];
+    let mut after: i64 = match sqlx::query_scalar(&format!(
+        "SELECT id FROM ledger WHERE {id_col} = $1 AND {period_col} = $2 AND request_id = $3 AND kind = 'reserve'"
     ))
     .bind(m.id)
-    .bind(&m.current)
     .bind(&m.held)
-    .bind(&reason)
-    .bind(now)
+    .bind(m.request_id)
     .fetch_optional(&mut *conn)
-    .await?;
-    let Some(Some(amount)) = amount else {
-        return Ok(None);
+    .await?
+    {
+        Some(id) => id,
+        None => return Ok(None),
     };
-    let table = TABLES[idx(m.level)].0;
-    let left: Option<Option<i64>> = sqlx::query_scalar(&format!(
-        "UPDATE {table} SET remaining_micros = remaining_micros - $1 WHERE id = $2 AND period = $3 RETURNING remaining_micros"
-    ))
-    .bind(amount)
-    .bind(m.id)
-    .bind(&m.current)
-    .fetch_optional(&mut *conn)
-    .await?;
-    Ok(left)
+    let mut from = m.held.clone();
+    for _ in 0..MAX_HOPS {
+        let reason = carry_back_reason(&from);
+        let found: Option<(String, i64)> = sqlx::query_as(&format!(
+            "SELECT {period_col}, id FROM ledger WHERE kind = 'adjust' AND reason = $2 AND id > $3 AND {id_col} = $1
+             ORDER BY id LIMIT 1"
+        ))
+        .bind(m.id)
+        .bind(&reason)
+        .bind(after)
+        .fetch_optional(&mut *conn)
+        .await?;
+        let Some((into, carry)) = found else {
+            return Ok(None);
+        };
+        sqlx::query(&format!(
+            "INSERT INTO ledger ({id_col}, period, user_period, team_period, kind, amount_micros, reason, created_at)
+             VALUES ($1, $2, $2, $2, 'adjust', $3, $4, $5)"
+        ))
+        .bind(m.id)
+        .bind(&into)
+        .bind(-m.refund)
+        .bind(&reason)
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+        if into == m.current {
+            let left: Option<Option<i64>> = sqlx::query_scalar(&format!(
+                "UPDATE {table} SET remaining_micros = remaining_micros + $1 WHERE id = $2 AND period = $3 RETURNING remaining_micros"
+            ))
+            .bind(m.refund)
+            .bind(m.id)
+            .bind(&m.current)
+            .fetch_optional(&mut *conn)
+            .await?;
+            return Ok(left);
+        }
+        (from, after) = (into, carry);
+    }
+    Ok(None)
 }
 
 /// Rolls a level from `stored` over to `period` of rule `reset` (conditionally on the stored
@@ -192,7 +229,7 @@ async fn rollover(
     // A rollback carries the period ahead's spend in first, so the rollover counts it.
     let carried = carried_from(reset, stored, period);
     if let Some(reason) = &carried {
-        sqlx::query(&carry_back_sql(level, ""))
+        sqlx::query(&carry_back_sql(level))
             .bind(id)
             .bind(period)
             .bind(stored)

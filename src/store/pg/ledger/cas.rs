@@ -355,7 +355,7 @@ pub async fn reserve_via(
 /// when positive, the `absorbed` row. No row when the request was settled already.
 /// `$3` is the actual cost (≥ 0), `$4` the time. Its columns from the sixth on are what
 /// `moved` reads: each level's period when it is no longer the reservation's, its rule,
-/// then the reservation's ids and periods.
+/// then the reservation's ids and periods, and the refund.
 const SETTLE: &str = "WITH a AS (DELETE FROM reservations WHERE request_id = $1
             RETURNING token_id, user_id, team_id, period, user_period, team_period, amount_micros, TRUE AS open),
     b AS (DELETE FROM orphaned WHERE request_id = $1 AND $2 AND NOT EXISTS (SELECT 1 FROM a)
@@ -384,20 +384,22 @@ const SETTLE: &str = "WITH a AS (DELETE FROM reservations WHERE request_id = $1
             WHERE k.kind = 'settle' OR k.amount > 0)
     SELECT h.charged, $3::BIGINT - h.charged, t.remaining_micros, u.remaining_micros, m.remaining_micros,
            t.moved, t.reset, u.moved, u.reset, m.moved, m.reset,
-           h.token_id, h.user_id, h.team_id, h.period, h.user_period, h.team_period
+           h.token_id, h.user_id, h.team_id, h.period, h.user_period, h.team_period,
+           h.amount_micros - h.charged
     FROM h, t, u, m";
 
 /// Recarries (`pg::ledger::recarry`) the levels a settling statement's `row` found in
 /// another period than the reservation's: from column `at`, each level's period when moved
-/// and its rule, then the reservation's three ids and three periods. `left` takes the
-/// balances that changed.
+/// and its rule, then the reservation's three ids, its three periods and the refund.
+/// Returns the balances that changed: (level index, level id, remaining).
 pub(super) async fn follow_moved(
     conn: &mut PgConnection,
     row: &PgRow,
     at: usize,
-    left: &mut [Option<i64>; 3],
+    request_id: &str,
     now: &str,
-) -> Result<()> {
+) -> Result<Vec<(usize, i64, Option<i64>)>> {
+    let mut changed = Vec::new();
     for level in LEVELS {
         let i = idx(level);
         let Some(current) = row.try_get::<Option<String>, _>(at + 2 * i)? else {
@@ -409,12 +411,14 @@ pub(super) async fn follow_moved(
             held: row.try_get(at + 9 + i)?,
             current,
             rule: row.try_get(at + 2 * i + 1)?,
+            request_id,
+            refund: row.try_get(at + 12)?,
         };
         if let Some(now_left) = recarry(conn, &moved, now).await? {
-            left[i] = now_left;
+            changed.push((i, moved.id, now_left));
         }
     }
-    Ok(())
+    Ok(changed)
 }
 
 /// Settlement inside the caller's transaction, by request id (the row is the truth about
@@ -449,7 +453,9 @@ async fn settle_from(
     };
     let mut left: [Option<i64>; 3] = [row.try_get(2)?, row.try_get(3)?, row.try_get(4)?];
     let (charged, absorbed): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
-    follow_moved(conn, &row, 5, &mut left, &db_time(now)).await?;
+    for (i, _, now_left) in follow_moved(conn, &row, 5, request_id, &db_time(now)).await? {
+        left[i] = now_left;
+    }
     Ok(Some(Settled {
         charged,
         absorbed,

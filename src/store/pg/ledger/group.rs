@@ -116,7 +116,8 @@ const SETTLE_MANY: &str = "WITH j AS (SELECT * FROM unnest($1::TEXT[], $2::BOOL[
            CASE WHEN h.open OR m.period = h.team_period THEN m.remaining_micros END,
            NULLIF(t.period, h.period), t.reset, NULLIF(u.period, h.user_period), u.reset,
            NULLIF(m.period, h.team_period), m.reset,
-           h.token_id, h.user_id, h.team_id, h.period, h.user_period, h.team_period
+           h.token_id, h.user_id, h.team_id, h.period, h.user_period, h.team_period,
+           h.amount_micros - h.charged
     FROM h JOIN t ON t.id = h.token_id JOIN u ON u.id = h.user_id JOIN m ON m.id = h.team_id";
 
 /// Arrays: `$1` amount, `$2`–`$4` token, user, team, `$5` time (the host's, written in
@@ -234,15 +235,28 @@ async fn settle_many(
     for &n in &picked {
         answers[n] = Some(Answer::Settle(None));
     }
+    // Every row first, then the balances a recarry changed, on every row of that level:
+    // one row's recarry gives back the refunds of the whole batch (s31 recarry attack F3).
+    let mut settled = Vec::with_capacity(rows.len());
+    let mut changed = Vec::new();
     for row in rows {
         let i: i64 = row.try_get(0)?;
         let k = index(i, picked.len())?;
-        let n = picked[k];
-        let mut left: [Option<i64>; 3] = [row.try_get(3)?, row.try_get(4)?, row.try_get(5)?];
-        follow_moved(conn, &row, 6, &mut left, &at[k]).await?;
+        let left: [Option<i64>; 3] = [row.try_get(3)?, row.try_get(4)?, row.try_get(5)?];
+        let levels: [i64; 3] = [row.try_get(12)?, row.try_get(13)?, row.try_get(14)?];
+        changed.extend(follow_moved(conn, &row, 6, &ids[k], &at[k]).await?);
+        let (charged, absorbed): (i64, i64) = (row.try_get(1)?, row.try_get(2)?);
+        settled.push((picked[k], charged, absorbed, left, levels));
+    }
+    for (n, charged, absorbed, mut left, levels) in settled {
+        for &(i, id, now_left) in &changed {
+            if levels[i] == id {
+                left[i] = now_left;
+            }
+        }
         answers[n] = Some(Answer::Settle(Some(Settled {
-            charged: row.try_get(1)?,
-            absorbed: row.try_get(2)?,
+            charged,
+            absorbed,
             remaining: left.into_iter().fold(None, tighter),
             token_remaining: left[0],
         })));
