@@ -1,17 +1,24 @@
 //! The money path against a model (CHECKS Q16): random schedules of reserve, settle,
 //! cancel (the caller leaves while its reservation waits), abandon (a handler dropped
-//! unsettled), clock steps forwards and backwards around period boundaries, a crash (the
-//! other process settles the dead one's reservations as orphans), a stall (the same, but
-//! the stalled process settles later), expired leases and the owner's sweep — across two
-//! `Quota`s, each on its own connection pool and clock, on one database file. After every
-//! step, for every level (token, user, team) of the case:
+//! unsettled), clock steps forwards and backwards around period boundaries and jumps of
+//! days to weeks (past `MAX_CLOCK_SKEW`: rollbacks), a crash (the other process settles the
+//! dead one's reservations as orphans), a stall (the same, but the stalled process settles
+//! later), expired leases and the owner's sweep — across two `Quota`s, each on its own
+//! connection pool and clock, on one database file. After every step, for every level
+//! (token, user, team) of the case:
 //!   - `limit − remaining == Σ ledger(reserve, settle, adjust)` of its stored period;
-//!   - no period's spend exceeds the limit, and nothing is overdrawn (`remaining ≥ 0`);
+//!   - no period's spend without the carries a rollback brought into it exceeds the limit;
+//!   - no period's spend exceeds the limit, and nothing is overdrawn (`remaining ≥ 0`),
+//!     except a period carried into, of a level with a `budget.period_rollback` row (a
+//!     rollback carries the period ahead's spend in full);
 //!   - `reserved == Σ` of its open reservations;
-//!   - at most one period reset per level and period;
+//!   - at most one period reset per level and period, unless the level was rolled back or
+//!     its rule changed;
 //!   - every request's ledger total equals what the model says it cost.
 //!
-//! At the end every holder settles: nothing stays reserved.
+//! At the end every holder settles: nothing stays reserved, and each carry into a level's
+//! current period equals the spend of the period it names, when the level last left that
+//! period by a rollback into this one (`carried_in_full`).
 //!
 //! Replay a failure with the seed it prints: `SLUICE_MONEY_SEED=<hex> cargo test --test api
 //! money_model`; `SLUICE_MONEY_CASES` sets the number of cases.
@@ -89,12 +96,24 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (inst.clone(), 1i64..400, 0u8..6).prop_map(|(inst, amount, yields)| Op::Cancel { inst, amount, yields }),
         3 => (0usize..64, 0i64..1500).prop_map(|(pick, permille)| Op::Settle { pick, permille }),
         1 => (0usize..64, 0i64..1200).prop_map(|(pick, permille)| Op::Abandon { pick, permille }),
-        2 => (inst.clone(), prop_oneof![-3_000i64..3_000, 0i64..90_000_000]).prop_map(|(inst, millis)| Op::Step { inst, millis }),
+        2 => (inst.clone(), step()).prop_map(|(inst, millis)| Op::Step { inst, millis }),
         1 => inst.clone().prop_map(|inst| Op::Crash { inst }),
         1 => inst.clone().prop_map(|inst| Op::Stall { inst }),
         1 => inst.clone().prop_map(|inst| Op::Expire { inst }),
         1 => (0usize..3, reset()).prop_map(|(level, reset)| Op::Rule { level, reset }),
         1 => inst.prop_map(|inst| Op::Sweep { inst }),
+    ]
+}
+
+/// A clock step in ms: a jitter, up to a day forward (across a boundary), or a jump of days
+/// to weeks either way — a clock set wrong, or set right again: past `MAX_CLOCK_SKEW` the
+/// instance behind rolls a level back from the other's period.
+fn step() -> impl Strategy<Value = i64> {
+    const DAY: i64 = 86_400_000;
+    prop_oneof![
+        2 => -3_000i64..3_000,
+        2 => 0i64..90_000_000,
+        1 => prop_oneof![2 * DAY..40 * DAY, -40 * DAY..-2 * DAY],
     ]
 }
 
@@ -219,15 +238,9 @@ struct World {
     /// Request id → what the ledger must say it cost (reserve + settle + absorbed).
     expected: HashMap<String, i64>,
     next_request: u64,
-    /// Periods may be entered more than once (a rule changed, or the two clocks were a
-    /// day or more apart): a second reset row for one period is then expected — it starts
-    /// from that period's ledger sum, which the other checks hold it to.
-    reentry: bool,
-    /// The instances' clocks were once further apart than a host's clock may be right
-    /// (`period::MAX_CLOCK_SKEW`): the one behind rolls a level back from the other's
-    /// period, carrying its spend in full — the host's period may then be overdrawn and
-    /// its ledger past the limit (DESIGN "Periods only move forward").
-    skewed: bool,
+    /// The level's reset rule was changed (0 token, 1 user, 2 team): it may enter a period
+    /// of its first rule again, a second reset row for that period.
+    rule_changed: [bool; 3],
 }
 
 async fn run_case(env: &Env, c: Case) -> Result<(), TestCaseError> {
@@ -256,8 +269,7 @@ async fn run_case(env: &Env, c: Case) -> Result<(), TestCaseError> {
         crashed: Vec::new(),
         expected: HashMap::new(),
         next_request: 0,
-        reentry: false,
-        skewed: false,
+        rule_changed: [false; 3],
     };
     for (step, op) in c.ops.iter().enumerate() {
         apply(env, &mut w, op).await;
@@ -345,9 +357,6 @@ async fn apply(env: &Env, w: &mut World, op: &Op) {
         }
         Op::Step { inst, millis } => {
             w.clocks[inst].advance(chrono::Duration::milliseconds(millis));
-            let apart = w.clocks[0].now() - w.clocks[1].now();
-            w.reentry |= apart.num_hours().abs() >= 24;
-            w.skewed |= apart.abs() > sluice::quota::period::MAX_CLOCK_SKEW;
         }
         Op::Crash { inst } => {
             let (dead, alive): (Vec<Live>, Vec<Live>) = std::mem::take(&mut w.live)
@@ -389,7 +398,7 @@ async fn apply(env: &Env, w: &mut World, op: &Op) {
                 .execute(&env.dbs[0].sqlite().write)
                 .await
                 .unwrap();
-            w.reentry = true;
+            w.rule_changed[level] = true;
         }
         Op::Sweep { inst } => {
             let now = w.clocks[inst].now();
@@ -438,15 +447,27 @@ async fn quiesce(w: &World) {
     panic!("background settlements never landed");
 }
 
+/// The reason of a carry into the host's period names the period ahead it carries from
+/// after this (`ledger::carry_back_reason`).
+const CARRY: &str = "the spend of period ";
+
+/// The period a carry's reason names.
+fn carried_period(reason: &str) -> Option<&str> {
+    Some(reason.strip_prefix(CARRY)?.split_once(',')?.0)
+}
+
 /// The case's invariants, read from the database.
 async fn check(env: &Env, w: &World, all_settled: bool) -> Result<(), String> {
     let db = &env.dbs[0].sqlite().read;
     let o = &w.owner;
-    for (table, id, id_col, period_col) in [
+    for (level, (table, id, id_col, period_col)) in [
         ("tokens", o.token_id, "token_id", "period"),
         ("users", o.user_id, "user_id", "user_period"),
         ("teams", o.team_id, "team_id", "team_period"),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let (limit, remaining, reserved, period): (Option<i64>, Option<i64>, i64, String) = sqlx::query_as(&format!(
             "SELECT limit_micros, remaining_micros, reserved_micros, period FROM {table} WHERE id = ?"
         ))
@@ -471,9 +492,37 @@ async fn check(env: &Env, w: &World, all_settled: bool) -> Result<(), String> {
                 "{table}: {reserved} still reserved after every holder settled"
             ));
         }
+        // The level's periods in the order it entered them: every move writes its audit
+        // row (`ledger::rollover_entry`), a rollback's naming the period it left.
+        let moves: Vec<(String, Option<String>, String)> = sqlx::query_as(
+            "SELECT action, before, after FROM audit_log WHERE action IN ('budget.period_reset', 'budget.period_rollback') AND target = ? ORDER BY id",
+        )
+        .bind(format!("{}:{id}", &table[..table.len() - 1]))
+        .fetch_all(db)
+        .await
+        .map_err(|e| e.to_string())?;
+        let rolled_back = moves.iter().any(|(a, ..)| a == "budget.period_rollback");
+        // A period is entered by a second reset only after the level left it backwards (a
+        // rollback) or for another rule's period and back: it then starts from that
+        // period's ledger sum, which the other checks hold it to.
+        if !rolled_back && !w.rule_changed[level] {
+            let mut reset = std::collections::HashSet::new();
+            if let Some((_, _, p)) = moves
+                .iter()
+                .find(|(a, _, p)| a == "budget.period_reset" && !reset.insert(p))
+            {
+                return Err(format!(
+                    "{table}: period {p} was reset more than once: {moves:?}"
+                ));
+            }
+        }
         let Some(limit) = limit else { continue };
-        let by_period: Vec<(String, i64)> = sqlx::query_as(&format!(
-            "SELECT {period_col}, SUM(amount_micros) FROM ledger WHERE {id_col} = ? AND kind IN ('reserve', 'settle', 'adjust') GROUP BY {period_col}"
+        // Per period: its ledger sum, the part not carried back into it, and its carries.
+        let by_period: Vec<(String, i64, i64, i64)> = sqlx::query_as(&format!(
+            "SELECT {period_col}, SUM(amount_micros),
+                    SUM(CASE WHEN kind = 'adjust' AND reason LIKE '{CARRY}%' THEN 0 ELSE amount_micros END),
+                    COUNT(CASE WHEN kind = 'adjust' AND reason LIKE '{CARRY}%' THEN 1 END)
+             FROM ledger WHERE {id_col} = ? AND kind IN ('reserve', 'settle', 'adjust') GROUP BY {period_col}"
         ))
         .bind(id)
         .fetch_all(db)
@@ -481,33 +530,37 @@ async fn check(env: &Env, w: &World, all_settled: bool) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
         let current = by_period
             .iter()
-            .find(|(p, _)| *p == period)
-            .map_or(0, |(_, s)| *s);
+            .find(|(p, ..)| *p == period)
+            .map_or(0, |(_, s, ..)| *s);
         let remaining = remaining.unwrap_or(limit);
         if !period.is_empty() && limit - remaining != current {
             return Err(format!(
                 "{table} (period {period}): limit {limit} − remaining {remaining} ≠ ledger {current}; by period {by_period:?}"
             ));
         }
-        if remaining < 0 && !w.skewed {
+        for (p, spent, own, carries) in &by_period {
+            // Remaining is the limit less the period's own spend and its carries, and a
+            // reservation needs remaining ≥ R: its own spend stays within the limit, carries
+            // or not.
+            if *own > limit {
+                return Err(format!(
+                    "{table}: period {p} spent {own} of its own, over the limit {limit}"
+                ));
+            }
+            // A rollback carries the period ahead's spend in full: the host's period may
+            // then be past its limit, and (its `limit − remaining == Σ`) overdrawn — only a
+            // period carried into, of a level rolled back.
+            if *spent > limit && !(rolled_back && *carries > 0) {
+                return Err(format!(
+                    "{table}: period {p} spent {spent} over the limit {limit}; by period {by_period:?}"
+                ));
+            }
+        }
+        if remaining < 0 && !by_period.iter().any(|(p, _, _, c)| *p == period && *c > 0) {
             return Err(format!("{table}: overdrawn, remaining {remaining}"));
         }
-        if let Some((p, spent)) = by_period.iter().find(|(_, s)| *s > limit && !w.skewed) {
-            return Err(format!(
-                "{table}: period {p} spent {spent} over the limit {limit}"
-            ));
-        }
-        let resets: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT after, COUNT(*) FROM audit_log WHERE action = 'budget.period_reset' AND target = ? GROUP BY after HAVING COUNT(*) > 1",
-        )
-        .bind(format!("{}:{id}", &table[..table.len() - 1]))
-        .fetch_all(db)
-        .await
-        .map_err(|e| e.to_string())?;
-        if !resets.is_empty() && !w.reentry {
-            return Err(format!(
-                "{table}: a period was reset more than once: {resets:?}"
-            ));
+        if all_settled && !period.is_empty() {
+            carried_in_full(db, table, id, id_col, period_col, &period, &moves).await?;
         }
     }
     let totals: Vec<(String, i64)> = sqlx::query_as(
@@ -522,6 +575,80 @@ async fn check(env: &Env, w: &World, all_settled: bool) -> Result<(), String> {
         let got = totals.get(id).copied().unwrap_or(0);
         if got != *want {
             return Err(format!("request {id}: ledger says {got}, the model {want}"));
+        }
+    }
+    Ok(())
+}
+
+/// Once every holder has settled, the carries of a period's spend — into whatever periods
+/// they went — sum to what it spent, when the level last left it by a rollback: a carry
+/// is that period's ledger sum less what earlier carries brought (`ledger::carry_back`),
+/// and a refund there after the rollback follows its estimate back (s30 last attack F1,
+/// s31 recarry attack F1, F2). A period the level last left otherwise (rolled over into a
+/// later one) is not compared: what it spent since its last carry was never carried (a
+/// level flipped into `Q`, rolled over into `Q2`, then rolled back carries `Q2`'s spend,
+/// not `Q`'s). And a carry into the current period `p` from a period comes with a rollback
+/// from there into `p`.
+async fn carried_in_full(
+    db: &sqlx::SqlitePool,
+    table: &str,
+    id: i64,
+    id_col: &str,
+    period_col: &str,
+    p: &str,
+    moves: &[(String, Option<String>, String)],
+) -> Result<(), String> {
+    let rollback = "budget.period_rollback";
+    // Which move last left each period, and where to: a rollback names the period it left,
+    // a reset leaves the one the move before entered.
+    let mut left: HashMap<&str, (&str, &str)> = HashMap::new();
+    let mut at: Option<&str> = None;
+    for (action, before, after) in moves {
+        if let Some(from) = before.as_deref().or(at) {
+            left.insert(from, (action.as_str(), after.as_str()));
+        }
+        at = Some(after.as_str());
+    }
+    let rows: Vec<(String, String, i64)> = sqlx::query_as(&format!(
+        "SELECT {period_col}, reason, SUM(amount_micros) FROM ledger WHERE {id_col} = ?
+         AND kind = 'adjust' AND reason LIKE '{CARRY}%' GROUP BY {period_col}, reason"
+    ))
+    .bind(id)
+    .fetch_all(db)
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut carried: HashMap<&str, i64> = HashMap::new();
+    for (into, reason, sum) in &rows {
+        let q = carried_period(reason).ok_or_else(|| format!("{table}: carry {reason:?}"))?;
+        *carried.entry(q).or_default() += sum;
+        let ever_back = moves
+            .iter()
+            .any(|(a, b, to)| a == rollback && b.as_deref() == Some(q) && to == into);
+        if into == p && !ever_back {
+            return Err(format!(
+                "{table}: period {p} holds a carry from {q}, never rolled back from there: {moves:?}"
+            ));
+        }
+    }
+    // (A period the level has come back into since spends there again, uncarried.)
+    let left_by_rollback = left
+        .iter()
+        .filter(|(q, (action, _))| *action == rollback && **q != p);
+    for (q, _) in left_by_rollback {
+        let spent: i64 = sqlx::query_scalar(&format!(
+            "SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE {id_col} = ? AND {period_col} = ?
+             AND kind IN ('reserve', 'settle', 'adjust')"
+        ))
+        .bind(id)
+        .bind(q)
+        .fetch_one(db)
+        .await
+        .map_err(|e| e.to_string())?;
+        let c = carried.get(q).copied().unwrap_or(0);
+        if c != spent {
+            return Err(format!(
+                "{table}: the carries of {q}'s spend sum to {c}, it spent {spent}; moves {moves:?}"
+            ));
         }
     }
     Ok(())
