@@ -70,6 +70,7 @@ impl Level {
 struct LevelSql {
     rollover: String,
     carry_back: String,
+    carried: String,
     reserve_row: String,
     carried_into: String,
     uncarry: String,
@@ -113,8 +114,13 @@ static SQL: LazyLock<[LevelSql; 3]> = LazyLock::new(|| {
                             WHERE kind = 'adjust' AND reason = ?4 AND {id_col} = ?1) c
                      WHERE s.total IS NOT NULL AND s.total - COALESCE(c.done, 0) <> 0"
                 ),
-                // What a refund follows back (`cas::recarry_tx`): the reservation's own row,
-                // then the first carry with reason `?2` after row `?3`.
+                // What a refund follows back (`cas::recarry_tx`): whether any carry has
+                // reason `?2` (one probe of the partial index: most settlements in another
+                // period than their reservation's crossed a boundary, nothing carried), the
+                // reservation's own row, then the first carry with reason `?2` after row `?3`.
+                carried: format!(
+                    "SELECT 1 FROM ledger WHERE kind = 'adjust' AND reason = ?2 AND {id_col} = ?1 LIMIT 1"
+                ),
                 reserve_row: format!(
                     "SELECT id FROM ledger WHERE {id_col} = ?1 AND {period_col} = ?2 AND request_id = ?3 AND kind = 'reserve'"
                 ),
@@ -134,12 +140,12 @@ static SQL: LazyLock<[LevelSql; 3]> = LazyLock::new(|| {
                 settle: format!(
                     "UPDATE {table} SET reserved_micros = reserved_micros - ?1,
                             remaining_micros = CASE WHEN period = ?2 THEN remaining_micros + ?3 ELSE remaining_micros END
-                     WHERE id = ?4 RETURNING remaining_micros, period, reset"
+                     WHERE id = ?4 RETURNING remaining_micros, period"
                 ),
                 release: format!("UPDATE {table} SET reserved_micros = reserved_micros - ?1 WHERE id = ?2"),
                 refund: format!(
                     "UPDATE {table} SET remaining_micros = CASE WHEN period = ?3 THEN remaining_micros + ?1 ELSE remaining_micros END
-                     WHERE id = ?2 RETURNING remaining_micros, period, reset"
+                     WHERE id = ?2 RETURNING remaining_micros, period"
                 ),
                 debit: format!(
                     "UPDATE {table} SET remaining_micros = remaining_micros - ?1 WHERE id = ?2 AND period = ?3 RETURNING remaining_micros"

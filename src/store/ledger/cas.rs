@@ -373,12 +373,12 @@ fn settle_from(
     let charged = actual.min(held.amount);
     let refund = held.amount - charged;
     let mut left: [Option<i64>; 3] = [None; 3];
-    // Levels no longer in the reservation's period: (level, its period, its rule).
+    // Levels no longer in the reservation's period: (level, its period).
     let mut moved = Vec::new();
     for level in LEVELS {
         let sql = &SQL[level.idx()];
         let (id, period) = (held.owner.id(level), held.periods[level.idx()].as_str());
-        let read = |r: &raw::Row| (r.int(0), r.text(1).unwrap_or_default(), r.text(2));
+        let read = |r: &raw::Row| (r.int(0), r.text(1).unwrap_or_default());
         let row = if open {
             let params = [held.amount.into(), period.into(), refund.into(), id.into()];
             tx.query_row(sql.settle.as_str(), &params, read)?
@@ -386,7 +386,7 @@ fn settle_from(
             let params = [refund.into(), id.into(), period.into()];
             tx.query_row(sql.refund.as_str(), &params, read)?
         };
-        let Some((remaining, at, rule)) = row else {
+        let Some((remaining, at)) = row else {
             continue;
         };
         if at == period {
@@ -394,7 +394,7 @@ fn settle_from(
         } else {
             // An orphan's correction refunds only a level still in its period.
             left[level.idx()] = remaining.filter(|_| open);
-            moved.push((level, at, rule));
+            moved.push((level, at));
         }
     }
     let now_s = db_time(now);
@@ -420,10 +420,7 @@ fn settle_from(
         )?;
     }
     if refund > 0 {
-        for (level, at, rule) in moved {
-            let Some(reset) = rule.as_deref().and_then(Reset::parse) else {
-                continue;
-            };
+        for (level, at) in moved {
             let refunded = Refunded {
                 level,
                 id: held.owner.id(level),
@@ -432,7 +429,7 @@ fn settle_from(
                 request_id,
                 refund,
             };
-            if let Some(now_left) = recarry_tx(tx, reset, &refunded, &now_s)? {
+            if let Some(now_left) = recarry_tx(tx, &refunded, &now_s)? {
                 left[level.idx()] = now_left;
             }
         }
@@ -469,16 +466,13 @@ pub(super) struct Refunded<'a> {
 /// cost less (s30 last attack F1; s31 recarry attack F1), and a refund of an estimate
 /// carried into the day before went to the next (F2). Returns the level's remaining
 /// balance when it changed.
-fn recarry_tx(
-    tx: &mut Conn<'_>,
-    reset: Reset,
-    r: &Refunded<'_>,
-    now: &str,
-) -> Result<Option<Option<i64>>> {
-    if carried_from(reset, r.held, r.current).is_none() {
+fn recarry_tx(tx: &mut Conn<'_>, r: &Refunded<'_>, now: &str) -> Result<Option<Option<i64>>> {
+    let sql = &SQL[r.level.idx()];
+    let reason = carry_back_reason(r.held);
+    let any = [r.id.into(), reason.as_str().into()];
+    if tx.query_row(sql.carried.as_str(), &any, |_| ())?.is_none() {
         return Ok(None);
     }
-    let sql = &SQL[r.level.idx()];
     let row = [r.id.into(), r.held.into(), r.request_id.into()];
     let Some(Some(mut after)) = tx.query_row(sql.reserve_row.as_str(), &row, |x| x.int(0))? else {
         return Ok(None);

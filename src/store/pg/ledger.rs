@@ -127,15 +127,14 @@ fn carry_back_sql(level: Level) -> String {
     )
 }
 
-/// A level a settlement found in another period than its reservation's (`held`): its id,
-/// the period it is in and its rule, as the settling statement returned them (under the
-/// row lock it took), and the refund.
+/// A level a settlement found in another period than its reservation's (`held`): its id
+/// and the period it is in, as the settling statement returned them (under the row lock it
+/// took), and the refund.
 pub(super) struct Moved<'a> {
     pub level: Level,
     pub id: i64,
     pub held: String,
     pub current: String,
-    pub rule: String,
     pub request_id: &'a str,
     pub refund: i64,
 }
@@ -153,11 +152,22 @@ pub(super) async fn recarry(
     m: &Moved<'_>,
     now: &str,
 ) -> Result<Option<Option<i64>>> {
-    let ahead = Reset::parse(&m.rule).and_then(|r| carried_from(r, &m.held, &m.current));
-    if ahead.is_none() || m.refund <= 0 {
+    if m.refund <= 0 {
         return Ok(None);
     }
     let (table, id_col, period_col) = TABLES[idx(m.level)];
+    // As SQLite's: first whether anything of `held` was carried at all (one probe of the
+    // partial index), since most levels found moved crossed a boundary, nothing carried.
+    let carried: Option<i32> = sqlx::query_scalar(&format!(
+        "SELECT 1 FROM ledger WHERE kind = 'adjust' AND reason = $2 AND {id_col} = $1 LIMIT 1"
+    ))
+    .bind(m.id)
+    .bind(carry_back_reason(&m.held))
+    .fetch_optional(&mut *conn)
+    .await?;
+    if carried.is_none() {
+        return Ok(None);
+    }
     let mut after: i64 = match sqlx::query_scalar(&format!(
         "SELECT id FROM ledger WHERE {id_col} = $1 AND {period_col} = $2 AND request_id = $3 AND kind = 'reserve'"
     ))

@@ -354,8 +354,8 @@ pub async fn reserve_via(
 /// reservation's period, releases what an open one held, and appends the `settle` row and,
 /// when positive, the `absorbed` row. No row when the request was settled already.
 /// `$3` is the actual cost (≥ 0), `$4` the time. Its columns from the sixth on are what
-/// `moved` reads: each level's period when it is no longer the reservation's, its rule,
-/// then the reservation's ids and periods, and the refund.
+/// `follow_moved` reads: each level's period when it is no longer the reservation's, then
+/// the reservation's ids and periods, and the refund.
 const SETTLE: &str = "WITH a AS (DELETE FROM reservations WHERE request_id = $1
             RETURNING token_id, user_id, team_id, period, user_period, team_period, amount_micros, TRUE AS open),
     b AS (DELETE FROM orphaned WHERE request_id = $1 AND $2 AND NOT EXISTS (SELECT 1 FROM a)
@@ -367,30 +367,30 @@ const SETTLE: &str = "WITH a AS (DELETE FROM reservations WHERE request_id = $1
                 remaining_micros = CASE WHEN tokens.period = h.period THEN remaining_micros + h.amount_micros - h.charged ELSE remaining_micros END
             FROM h WHERE tokens.id = h.token_id
             RETURNING CASE WHEN h.open OR tokens.period = h.period THEN tokens.remaining_micros END AS remaining_micros,
-                NULLIF(tokens.period, h.period) AS moved, tokens.reset),
+                NULLIF(tokens.period, h.period) AS moved),
     u AS (UPDATE users SET reserved_micros = reserved_micros - h.release,
                 remaining_micros = CASE WHEN users.period = h.user_period THEN remaining_micros + h.amount_micros - h.charged ELSE remaining_micros END
             FROM h WHERE users.id = h.user_id
             RETURNING CASE WHEN h.open OR users.period = h.user_period THEN users.remaining_micros END AS remaining_micros,
-                NULLIF(users.period, h.user_period) AS moved, users.reset),
+                NULLIF(users.period, h.user_period) AS moved),
     m AS (UPDATE teams SET reserved_micros = reserved_micros - h.release,
                 remaining_micros = CASE WHEN teams.period = h.team_period THEN remaining_micros + h.amount_micros - h.charged ELSE remaining_micros END
             FROM h WHERE teams.id = h.team_id
             RETURNING CASE WHEN h.open OR teams.period = h.team_period THEN teams.remaining_micros END AS remaining_micros,
-                NULLIF(teams.period, h.team_period) AS moved, teams.reset),
+                NULLIF(teams.period, h.team_period) AS moved),
     l AS (INSERT INTO ledger (token_id, user_id, team_id, period, user_period, team_period, kind, amount_micros, request_id, created_at)
             SELECT h.token_id, h.user_id, h.team_id, h.period, h.user_period, h.team_period, k.kind, k.amount, $1, $4
             FROM h, LATERAL (VALUES ('settle', h.charged - h.amount_micros), ('absorbed', $3::BIGINT - h.charged)) AS k(kind, amount)
             WHERE k.kind = 'settle' OR k.amount > 0)
     SELECT h.charged, $3::BIGINT - h.charged, t.remaining_micros, u.remaining_micros, m.remaining_micros,
-           t.moved, t.reset, u.moved, u.reset, m.moved, m.reset,
+           t.moved, u.moved, m.moved,
            h.token_id, h.user_id, h.team_id, h.period, h.user_period, h.team_period,
            h.amount_micros - h.charged
     FROM h, t, u, m";
 
 /// Recarries (`pg::ledger::recarry`) the levels a settling statement's `row` found in
-/// another period than the reservation's: from column `at`, each level's period when moved
-/// and its rule, then the reservation's three ids, its three periods and the refund.
+/// another period than the reservation's: from column `at`, each level's period when moved,
+/// then the reservation's three ids, its three periods and the refund.
 /// Returns the balances that changed: (level index, level id, remaining).
 pub(super) async fn follow_moved(
     conn: &mut PgConnection,
@@ -402,17 +402,16 @@ pub(super) async fn follow_moved(
     let mut changed = Vec::new();
     for level in LEVELS {
         let i = idx(level);
-        let Some(current) = row.try_get::<Option<String>, _>(at + 2 * i)? else {
+        let Some(current) = row.try_get::<Option<String>, _>(at + i)? else {
             continue;
         };
         let moved = Moved {
             level,
-            id: row.try_get(at + 6 + i)?,
-            held: row.try_get(at + 9 + i)?,
+            id: row.try_get(at + 3 + i)?,
+            held: row.try_get(at + 6 + i)?,
             current,
-            rule: row.try_get(at + 2 * i + 1)?,
             request_id,
-            refund: row.try_get(at + 12)?,
+            refund: row.try_get(at + 9)?,
         };
         if let Some(now_left) = recarry(conn, &moved, now).await? {
             changed.push((i, moved.id, now_left));

@@ -95,17 +95,17 @@ const SETTLE_MANY: &str = "WITH j AS (SELECT * FROM unnest($1::TEXT[], $2::BOOL[
             FROM (SELECT h.token_id AS id, SUM(h.release)::BIGINT AS release,
                          SUM(CASE WHEN k.period = h.period THEN h.amount_micros - h.charged ELSE 0 END)::BIGINT AS refund
                   FROM h JOIN tokens k ON k.id = h.token_id GROUP BY h.token_id) s
-            WHERE tokens.id = s.id RETURNING tokens.id, tokens.remaining_micros, tokens.period, tokens.reset),
+            WHERE tokens.id = s.id RETURNING tokens.id, tokens.remaining_micros, tokens.period),
     u AS (UPDATE users SET reserved_micros = reserved_micros - s.release, remaining_micros = remaining_micros + s.refund
             FROM (SELECT h.user_id AS id, SUM(h.release)::BIGINT AS release,
                          SUM(CASE WHEN k.period = h.user_period THEN h.amount_micros - h.charged ELSE 0 END)::BIGINT AS refund
                   FROM h JOIN users k ON k.id = h.user_id GROUP BY h.user_id) s
-            WHERE users.id = s.id RETURNING users.id, users.remaining_micros, users.period, users.reset),
+            WHERE users.id = s.id RETURNING users.id, users.remaining_micros, users.period),
     m AS (UPDATE teams SET reserved_micros = reserved_micros - s.release, remaining_micros = remaining_micros + s.refund
             FROM (SELECT h.team_id AS id, SUM(h.release)::BIGINT AS release,
                          SUM(CASE WHEN k.period = h.team_period THEN h.amount_micros - h.charged ELSE 0 END)::BIGINT AS refund
                   FROM h JOIN teams k ON k.id = h.team_id GROUP BY h.team_id) s
-            WHERE teams.id = s.id RETURNING teams.id, teams.remaining_micros, teams.period, teams.reset),
+            WHERE teams.id = s.id RETURNING teams.id, teams.remaining_micros, teams.period),
     l AS (INSERT INTO ledger (token_id, user_id, team_id, period, user_period, team_period, kind, amount_micros, request_id, created_at)
             SELECT h.token_id, h.user_id, h.team_id, h.period, h.user_period, h.team_period, k.kind, k.amount, h.request_id, h.at
             FROM h, LATERAL (VALUES ('settle', h.charged - h.amount_micros), ('absorbed', h.actual - h.charged)) AS k(kind, amount)
@@ -114,8 +114,7 @@ const SETTLE_MANY: &str = "WITH j AS (SELECT * FROM unnest($1::TEXT[], $2::BOOL[
            CASE WHEN h.open OR t.period = h.period THEN t.remaining_micros END,
            CASE WHEN h.open OR u.period = h.user_period THEN u.remaining_micros END,
            CASE WHEN h.open OR m.period = h.team_period THEN m.remaining_micros END,
-           NULLIF(t.period, h.period), t.reset, NULLIF(u.period, h.user_period), u.reset,
-           NULLIF(m.period, h.team_period), m.reset,
+           NULLIF(t.period, h.period), NULLIF(u.period, h.user_period), NULLIF(m.period, h.team_period),
            h.token_id, h.user_id, h.team_id, h.period, h.user_period, h.team_period,
            h.amount_micros - h.charged
     FROM h JOIN t ON t.id = h.token_id JOIN u ON u.id = h.user_id JOIN m ON m.id = h.team_id";
@@ -243,7 +242,7 @@ async fn settle_many(
         let i: i64 = row.try_get(0)?;
         let k = index(i, picked.len())?;
         let left: [Option<i64>; 3] = [row.try_get(3)?, row.try_get(4)?, row.try_get(5)?];
-        let levels: [i64; 3] = [row.try_get(12)?, row.try_get(13)?, row.try_get(14)?];
+        let levels: [i64; 3] = [row.try_get(9)?, row.try_get(10)?, row.try_get(11)?];
         changed.extend(follow_moved(conn, &row, 6, &ids[k], &at[k]).await?);
         let (charged, absorbed): (i64, i64) = (row.try_get(1)?, row.try_get(2)?);
         settled.push((picked[k], charged, absorbed, left, levels));
