@@ -378,6 +378,25 @@ impl WrongClock {
     async fn daily(store: &Store) -> WrongClock {
         WrongClock::new(store, &[limit(10 * R, "daily"), unlimited(), unlimited()]).await
     }
+
+    /// Reserves `amount` as `id` on the wrong clock's host, in its period ahead.
+    async fn reserve_ahead(&self, id: &str, amount: i64) {
+        let ahead: Arc<dyn Clock> = self.ahead.clone();
+        let reserved = self.wrong.reserve(&self.owner, id, amount, "w", ahead);
+        reserved.await.unwrap().unwrap();
+    }
+
+    /// The right host's day admits exactly `n` more requests of 1 R (from `store`).
+    async fn admits_exactly(&self, store: &Store, n: i64) {
+        for i in 0..n {
+            let r = store
+                .charge_one(&self.owner, &format!("last{i}"), &self.right)
+                .await;
+            assert!(r.is_ok(), "{}: {i} of {n}: {r:?}", store.name());
+        }
+        let refused = store.charge_one(&self.owner, "last", &self.right).await;
+        assert!(refused.is_err(), "{}: the day is spent", store.name());
+    }
 }
 
 /// 200 reservations at once, from two processes (100 each, every one its own task), on a
@@ -1159,39 +1178,27 @@ on_both_stores!(
 /// limit), so when the open request settles at 1 R the day has 4 R left — 1 + 5 spent — not
 /// the 7 a carry capped at the room under the limit gave back (s30 final attack F1).
 async fn rollback_in_full(store: Store) {
-    let WrongClock {
-        owner,
-        wrong,
-        ahead,
-        right,
-    } = WrongClock::daily(&store).await;
-    let open: Arc<dyn Clock> = right.clone();
-    store
-        .reserve(&owner, "open", 8 * R, "p", open.clone())
-        .await
-        .unwrap()
-        .unwrap();
+    let w = WrongClock::daily(&store).await;
+    let open: Arc<dyn Clock> = w.right.clone();
+    let reserved = store.reserve(&w.owner, "open", 8 * R, "p", open.clone());
+    reserved.await.unwrap().unwrap();
     for i in 0..5 {
-        assert!(wrong
-            .charge_one(&owner, &format!("w{i}"), &ahead)
-            .await
-            .is_ok());
+        let r = w
+            .wrong
+            .charge_one(&w.owner, &format!("w{i}"), &w.ahead)
+            .await;
+        assert!(r.is_ok(), "{}: {r:?}", store.name());
     }
-    let refused = store.charge_one(&owner, "r-refused", &right).await;
+    let refused = store.charge_one(&w.owner, "r-refused", &w.right).await;
     assert!(
         matches!(refused, Err(Refusal::Insufficient(Level::Token, _))),
         "{}: {refused:?}",
         store.name()
     );
     store.settle("open", R, open).await.unwrap().unwrap();
-    let (_, remaining, _) = store.level("tokens", owner.token_id).await;
+    let (_, remaining, _) = store.level("tokens", w.owner.token_id).await;
     assert_eq!(remaining, 4 * R, "{}: 1 R and 5 R spent", store.name());
-    for i in 0..4 {
-        let r = store.charge_one(&owner, &format!("r{i}"), &right).await;
-        assert!(r.is_ok(), "{}: {i}: {r:?}", store.name());
-    }
-    let refused = store.charge_one(&owner, "r-last", &right).await;
-    assert!(refused.is_err(), "{}: the day is spent", store.name());
+    w.admits_exactly(&store, 4).await;
     store.assert_settled().await;
 }
 on_both_stores!(
@@ -1227,10 +1234,7 @@ async fn ahead_ends_after_the_rollback(store: Store, end: End) {
     ];
     let w = WrongClock::new(&store, &levels).await;
     let ahead: Arc<dyn Clock> = w.ahead.clone();
-    let reserved = w
-        .wrong
-        .reserve(&w.owner, "ahead", 8 * R, "w", ahead.clone());
-    reserved.await.unwrap().unwrap();
+    w.reserve_ahead("ahead", 8 * R).await;
     let r = store.charge_one(&w.owner, "r0", &w.right).await;
     assert!(r.is_ok(), "{}: {r:?}", store.name());
     let (_, remaining, _) = store.level("tokens", w.owner.token_id).await;
@@ -1285,19 +1289,7 @@ async fn ahead_ends_after_the_rollback(store: Store, end: End) {
             store.name()
         );
     }
-    let admitted = (token / R) as usize;
-    for i in 0..admitted {
-        let r = store
-            .charge_one(&w.owner, &format!("r{}", i + 1), &w.right)
-            .await;
-        assert!(r.is_ok(), "{} {end:?}: {i}: {r:?}", store.name());
-    }
-    let refused = store.charge_one(&w.owner, "r-last", &w.right).await;
-    assert!(
-        refused.is_err(),
-        "{} {end:?}: the day is spent",
-        store.name()
-    );
+    w.admits_exactly(&store, token / R).await;
     store.assert_settled().await;
 }
 
@@ -1366,10 +1358,7 @@ async fn ahead_across_midnight(store: Store) {
     // the next noon.
     w.right.advance(Duration::hours(12));
     let ahead: Arc<dyn Clock> = w.ahead.clone();
-    let reserved = w
-        .wrong
-        .reserve(&w.owner, "ahead", 8 * R, "w", ahead.clone());
-    reserved.await.unwrap().unwrap();
+    w.reserve_ahead("ahead", 8 * R).await;
     assert!(store.charge_one(&w.owner, "r0", &w.right).await.is_ok());
     assert_eq!(store.level("tokens", w.owner.token_id).await.1, R);
     // Past the host's midnight; the wrong clock is still in its day.
@@ -1411,10 +1400,7 @@ async fn ahead_through_a_middle_period(store: Store) {
     let middle_host = store.another().await;
     let middle = clock_at("2026-12-10T10:00:00Z");
     let ahead: Arc<dyn Clock> = w.ahead.clone();
-    let reserved = w
-        .wrong
-        .reserve(&w.owner, "ahead", 8 * R, "w", ahead.clone());
-    reserved.await.unwrap().unwrap();
+    w.reserve_ahead("ahead", 8 * R).await;
     assert!(middle_host
         .charge_one(&w.owner, "m0", &middle)
         .await
@@ -1429,16 +1415,7 @@ async fn ahead_through_a_middle_period(store: Store) {
         "{}: 1 R in each of the three periods",
         store.name()
     );
-    for i in 0..7 {
-        let r = store
-            .charge_one(&w.owner, &format!("r{}", i + 1), &w.right)
-            .await;
-        assert!(r.is_ok(), "{}: {i}: {r:?}", store.name());
-    }
-    assert!(store
-        .charge_one(&w.owner, "r-last", &w.right)
-        .await
-        .is_err());
+    w.admits_exactly(&store, 7).await;
     for from in ["2036-12-04", "2026-12-10"] {
         let (carried, spent) = carried_and_spent(&store, &w.owner, from).await;
         assert_eq!(carried, spent, "{}: {from}", store.name());
@@ -1457,8 +1434,7 @@ async fn ahead_settled_together(store: Store) {
     let w = WrongClock::daily(&store).await;
     let ahead: Arc<dyn Clock> = w.ahead.clone();
     for id in ["a1", "a2"] {
-        let reserved = w.wrong.reserve(&w.owner, id, 4 * R, "w", ahead.clone());
-        reserved.await.unwrap().unwrap();
+        w.reserve_ahead(id, 4 * R).await;
     }
     assert!(store.charge_one(&w.owner, "r0", &w.right).await.is_ok());
     let (a, b) = tokio::join!(
