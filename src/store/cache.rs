@@ -189,25 +189,52 @@ pub async fn evict_expired(db: &super::Db, now: DateTime<Utc>) -> Result<Vec<Vec
     )
 }
 
-/// Deletes the oldest entries past `max_entries`; returns their keys.
-pub async fn evict_oldest(db: &super::Db, max_entries: u64) -> Result<Vec<Vec<u8>>> {
+/// The statement deleting the entries past a cap (bound at `param`), on either engine.
+///
+/// No scope's entries go for another's (s31 cache attack F2: the oldest of the whole
+/// table went, so one team storing many cheap entries pushed every other team's out).
+/// Each entry is ranked within its scope, newest first (by id: commit order, not the
+/// stamping host's clock), and the table keeps the first `cap` of all entries ordered by
+/// that rank, newest first among equal ranks. That is an equal share of the cap per
+/// scope, a scope under its share keeping all of its entries and leaving the rest to the
+/// others: a scope loses entries only while it holds more than the other scopes leave it.
+/// The surplus is worked out inside the statement, from the rows it sees: two hosts
+/// running it one after the other delete it once.
+pub(super) fn over_cap(param: &str) -> String {
+    format!(
+        "DELETE FROM cache_entries WHERE id IN (
+           SELECT id FROM (
+             SELECT id, ROW_NUMBER() OVER (ORDER BY in_scope, id DESC) AS place
+             FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY scope ORDER BY id DESC) AS in_scope
+                   FROM cache_entries) AS ranked
+           ) AS placed
+           WHERE place > {param})
+         RETURNING key"
+    )
+}
+
+/// Deletes the entries past `max_entries`, each scope's oldest beyond its share first
+/// (`over_cap`); returns their keys.
+pub async fn evict_over_cap(db: &super::Db, max_entries: u64) -> Result<Vec<Vec<u8>>> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(sqlite) => sqlite,
         super::Backend::Postgres(pg) => {
-            return super::pg::cache::evict_oldest(&pg.pool, max_entries).await
+            return super::pg::cache::evict_over_cap(&pg.pool, max_entries).await
         }
     };
     let pool = &sqlite.write;
+    // `as i64` would read a `max_entries` past i64::MAX as negative: everything "over".
+    let cap = i64::try_from(max_entries).unwrap_or(i64::MAX);
+    // A count first, so that the table is ranked only when it is past the cap (the statement
+    // does not trust it: it places the rows it sees).
     let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM cache_entries")
         .fetch_one(pool)
         .await?;
-    // `as i64` would read a `max_entries` past i64::MAX as negative: everything "over".
-    let over = count.saturating_sub(i64::try_from(max_entries).unwrap_or(i64::MAX));
-    if over <= 0 {
+    if count <= cap {
         return Ok(Vec::new());
     }
-    Ok(sqlx::query_scalar("DELETE FROM cache_entries WHERE key IN (SELECT key FROM cache_entries ORDER BY created_at LIMIT ?) RETURNING key")
-        .bind(over)
+    Ok(sqlx::query_scalar(&over_cap("?"))
+        .bind(cap)
         .fetch_all(pool)
         .await?)
 }
