@@ -330,7 +330,9 @@ fn case_counts(raw: &Raw, prev: Option<&Raw>) -> bool {
         letters().skip(1).any(char::is_uppercase) && letters().any(char::is_lowercase);
     let after_number = prev.is_some_and(|p| {
         p.text.chars().any(|c| c.is_ascii_digit())
-            && p.text.chars().all(|c| c.is_ascii_digit() || c == '.' || c == ',')
+            && p.text
+                .chars()
+                .all(|c| c.is_ascii_digit() || c == '.' || c == ',')
     }) && letters().count() <= 3;
     let flag = letters().count() == 1 && prev.is_some_and(|p| p.symbol && p.text.ends_with('-'));
     inner_capital || after_number || flag

@@ -61,9 +61,15 @@ fn rewording_agrees_and_meaning_does_not() {
 fn case_that_names_a_unit_or_a_flag_is_read() {
     for (a, b) in [
         ("Convert 100 Mbps to MBps", "Convert 100 MBps to Mbps"),
-        ("How long for 10 GB at 50 MBps?", "How long for 10 GB at 50 Mbps?"),
+        (
+            "How long for 10 GB at 50 MBps?",
+            "How long for 10 GB at 50 Mbps?",
+        ),
         ("What is 5 MHz in Hz?", "What is 5 mHz in Hz?"),
-        ("How many kB is a 64 kb buffer?", "How many kb is a 64 kB buffer?"),
+        (
+            "How many kB is a 64 kb buffer?",
+            "How many kb is a 64 kB buffer?",
+        ),
         ("Convert 3 Mm to km", "Convert 3 mm to km"),
         ("What does ls -R do?", "What does ls -r do?"),
         ("What does grep -I do?", "What does grep -i do?"),
@@ -74,8 +80,14 @@ fn case_that_names_a_unit_or_a_flag_is_read() {
         }
     }
     for (a, b) in [
-        ("Give me a recipe for banana bread.", "Give Me A Recipe For Banana Bread."),
-        ("What is the capital of Australia?", "WHAT IS THE CAPITAL OF AUSTRALIA?"),
+        (
+            "Give me a recipe for banana bread.",
+            "Give Me A Recipe For Banana Bread.",
+        ),
+        (
+            "What is the capital of Australia?",
+            "WHAT IS THE CAPITAL OF AUSTRALIA?",
+        ),
         ("CONVERT 3 MM TO KM", "convert 3 mm to km"),
         ("What does ls -r do?", "what does ls -r do?"),
     ] {
