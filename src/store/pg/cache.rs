@@ -168,7 +168,7 @@ pub async fn evict_expired(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<Vec<
     .await?)
 }
 
-/// Deletes the entries past `max_entries` (`store::cache::over_cap`); returns their keys.
+/// Deletes the entries past `max_entries` (`store::cache::past_cap`); returns their keys.
 /// One host evicts at a time: the others, finding the lock taken, leave it to that one
 /// (each counted and then deleted its own surplus, so hosts whose minutes met deleted it
 /// once each; s31 cache attack F2).
@@ -188,10 +188,14 @@ pub async fn evict_over_cap(pool: &PgPool, max_entries: u64) -> Result<Vec<Vec<u
     if count <= cap {
         return Ok(Vec::new());
     }
-    let keys = sqlx::query_scalar(&crate::store::cache::over_cap("$1"))
-        .bind(cap)
-        .fetch_all(&mut *tx)
-        .await?;
+    let past = crate::store::cache::past_cap("$1");
+    // One statement: the surplus is the one it sees, whatever another host did before.
+    let keys = sqlx::query_scalar(&format!(
+        "DELETE FROM cache_entries WHERE id IN ({past}) RETURNING key"
+    ))
+    .bind(cap)
+    .fetch_all(&mut *tx)
+    .await?;
     tx.commit().await?;
     Ok(keys)
 }
