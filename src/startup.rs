@@ -177,7 +177,7 @@ impl Application {
             sso.spawn_discovery();
         }
         state.auth.refresh(&*state.clock).await?;
-        state.cache.refresh(state.clock.now()).await?;
+        state.cache.refresh(state.cache_now()).await?;
         housekeeping::recover_orphans(&state, &me).await?;
         housekeeping::spawn(state.clone(), me);
         audit_head::start(

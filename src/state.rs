@@ -58,6 +58,14 @@ impl AppState {
         self.live.pool()
     }
 
+    /// This host's time on the database's clock (`Authenticator::on_db_clock`; the host's
+    /// own on SQLite): what cache entries are stamped, looked up and evicted by. Hosts share
+    /// the entries on PostgreSQL, and one whose clock ran ahead evicted every host's live
+    /// entries, one behind served them past their TTL (s31 cache attack F3).
+    pub fn cache_now(&self) -> DateTime<Utc> {
+        self.auth.on_db_clock(self.clock.now())
+    }
+
     /// A token's budget as the ledger has it now (`GET /v1/usage`).
     pub async fn balance(&self, token_id: i64, now: DateTime<Utc>) -> Result<Balance, StoreError> {
         store::ledger::balance(&self.db, token_id, now).await

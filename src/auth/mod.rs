@@ -8,7 +8,7 @@
 //! fallback. Expiry is checked on every request, cache hit or not: on SQLite against the
 //! host's clock (the only one), on PostgreSQL against the database's — the host's clock
 //! corrected by its offset to the database's, learned at each poll (`refresh`), as the
-//! CAS judges expiry by the database's clock (`pg::ledger::db_now!`): hosts' clocks may
+//! CAS judges expiry by the database's clock (`store::pg::db_now!`): hosts' clocks may
 //! disagree by any amount, and a host whose clock lags must not serve an expired token.
 
 pub mod csrf;

@@ -597,8 +597,8 @@ impl Cache {
         // Each step forgets what it deleted before the next may fail.
         let expired = keys(store::cache::evict_expired(&self.db, now).await?);
         self.forget(&expired);
-        let oldest = keys(store::cache::evict_oldest(&self.db, self.cfg.max_entries).await?);
-        self.forget(&oldest);
-        Ok((expired.len() + oldest.len()) as u64)
+        let over = keys(store::cache::evict_over_cap(&self.db, self.cfg.max_entries).await?);
+        self.forget(&over);
+        Ok((expired.len() + over.len()) as u64)
     }
 }

@@ -85,7 +85,7 @@ pub fn spawn(state: Arc<AppState>, me: Me) {
         move || {
             let c = c.clone();
             tokio::spawn(async move {
-                if let Err(e) = c.cache.refresh(c.clock.now()).await {
+                if let Err(e) = c.cache.refresh(c.cache_now()).await {
                     tracing::warn!(error = %e, "cache refresh failed");
                 }
             });
@@ -137,7 +137,7 @@ pub fn spawn(state: Arc<AppState>, me: Me) {
         let mut tick = tokio::time::interval(CACHE_POLL);
         for round in 0u64.. {
             tick.tick().await;
-            let now = c.clock.now();
+            let now = c.cache_now();
             if let Err(e) = c.cache.refresh(now).await {
                 tracing::warn!(error = %e, "cache refresh failed");
             }

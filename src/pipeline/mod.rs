@@ -357,7 +357,7 @@ async fn run(
     if let Some(plan) = &plan {
         log.cache = "miss";
         if !plan.refresh {
-            if let Some(hit) = state.cache.get(plan, state.clock.now(), deadline).await {
+            if let Some(hit) = state.cache.get(plan, state.cache_now(), deadline).await {
                 // The lookup may have waited on the `http` embedder (up to 5 s): after such
                 // a wait the credential is checked again, as after every other, so a token
                 // revoked meanwhile gets no answer (s27 cache attack F7). Counted from the
@@ -946,7 +946,7 @@ async fn finish(
             None
         };
         if let Some(stored) = stored {
-            let (cache, now) = (state.cache.clone(), state.clock.now());
+            let (cache, now) = (state.cache.clone(), state.cache_now());
             tokio::spawn(async move {
                 cache
                     .put(&plan, &stored, (usage.input, usage.output), now)

@@ -958,7 +958,7 @@ impl Pump {
             (&cache, assembler.and_then(|a| a.finish(charged)), failed)
         {
             let cache = state.cache.clone();
-            let (plan, now) = (plan.clone(), state.clock.now());
+            let (plan, now) = (plan.clone(), state.cache_now());
             tokio::spawn(async move {
                 cache
                     .put(&plan, &answer, (usage.input, usage.output), now)

@@ -189,27 +189,65 @@ pub async fn evict_expired(db: &super::Db, now: DateTime<Utc>) -> Result<Vec<Vec
     )
 }
 
-/// Deletes the oldest entries past `max_entries`; returns their keys.
-pub async fn evict_oldest(db: &super::Db, max_entries: u64) -> Result<Vec<Vec<u8>>> {
+/// The query of the ids of the entries past a cap (bound at `param`), on either engine.
+///
+/// No scope's entries go for another's (s31 cache attack F2: the oldest of the whole
+/// table went, so one team storing many cheap entries pushed every other team's out).
+/// Each entry is ranked within its scope, newest first (by id: commit order, not the
+/// stamping host's clock), and the table keeps the first `cap` of all entries ordered by
+/// that rank, newest first among equal ranks. That is an equal share of the cap per
+/// scope, a scope under its share keeping all of its entries and leaving the rest to the
+/// others: a scope loses entries only while it holds more than the other scopes leave it.
+/// The surplus is worked out from the rows the query sees, not from an earlier count.
+pub(super) fn past_cap(param: &str) -> String {
+    format!(
+        "SELECT id FROM (
+           SELECT id, ROW_NUMBER() OVER (ORDER BY in_scope, id DESC) AS place
+           FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY scope ORDER BY id DESC) AS in_scope
+                 FROM cache_entries) AS ranked
+         ) AS placed
+         WHERE place > {param}"
+    )
+}
+
+/// Deletes the entries past `max_entries`, each scope's oldest beyond its share first
+/// (`past_cap`); returns their keys.
+pub async fn evict_over_cap(db: &super::Db, max_entries: u64) -> Result<Vec<Vec<u8>>> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(sqlite) => sqlite,
         super::Backend::Postgres(pg) => {
-            return super::pg::cache::evict_oldest(&pg.pool, max_entries).await
+            return super::pg::cache::evict_over_cap(&pg.pool, max_entries).await
         }
     };
-    let pool = &sqlite.write;
-    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM cache_entries")
-        .fetch_one(pool)
-        .await?;
     // `as i64` would read a `max_entries` past i64::MAX as negative: everything "over".
-    let over = count.saturating_sub(i64::try_from(max_entries).unwrap_or(i64::MAX));
-    if over <= 0 {
+    let cap = i64::try_from(max_entries).unwrap_or(i64::MAX);
+    // A count first, so that the table is ranked only when it is past the cap.
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM cache_entries")
+        .fetch_one(&sqlite.read)
+        .await?;
+    if count <= cap {
         return Ok(Vec::new());
     }
-    Ok(sqlx::query_scalar("DELETE FROM cache_entries WHERE key IN (SELECT key FROM cache_entries ORDER BY created_at LIMIT ?) RETURNING key")
-        .bind(over)
-        .fetch_all(pool)
-        .await?)
+    // Ranked on a read connection: the ranking sorts the whole table (about 0.5 s at
+    // 100 000 entries), and on the write connection it held every write — the money
+    // path's too — for that long. The rows are then deleted by id. A row placed past the
+    // cap stays past it whatever is stored meanwhile (a new row only moves others down),
+    // and replicas evicting at once delete the same ids; only rows another replica
+    // deleted in between (an invalidation) can take the table that many below the cap.
+    let ids: Vec<i64> = sqlx::query_scalar(&past_cap("?"))
+        .bind(cap)
+        .fetch_all(&sqlite.read)
+        .await?;
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+    Ok(sqlx::query_scalar(
+        "DELETE FROM cache_entries WHERE id IN (SELECT value FROM json_each(?)) RETURNING key",
+    )
+    .bind(format!("[{list}]"))
+    .fetch_all(&sqlite.write)
+    .await?)
 }
 
 pub async fn epoch(db: &super::Db) -> Result<i64> {

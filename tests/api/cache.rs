@@ -914,3 +914,108 @@ async fn a_huge_embedding_is_refused_and_costs_a_miss() {
         "no vector past the bound is stored"
     );
 }
+
+/// A team's entries are not evicted for another team's: when the table is past
+/// `max_entries`, each scope keeps its newest entries up to an equal share of the cap, so a
+/// team that stores many (cheap ones: `max_tokens: 1`) loses its own oldest, not another
+/// team's (s31 cache attack F2: the oldest of the whole table went, whoever stored them).
+async fn one_scope_cannot_evict_another_scopes_entries(engine: crate::pg_gateway_app::Engine) {
+    let app = crate::pg_gateway_app::spawn_app_on(engine, |s, _| s.cache.max_entries = 10).await;
+    let (_, team_a) = app.token("alice", None).await;
+    sluice::cli::team_create(app.db(), "flooding", None, chrono::Utc::now())
+        .await
+        .unwrap();
+    let args = sluice::cli::UserArgs {
+        username: "mallory",
+        team: Some("flooding"),
+        rpm: None,
+        tpm: None,
+        budget_usd: None,
+        reset: None,
+    };
+    sluice::cli::user_create(app.db(), &args, chrono::Utc::now())
+        .await
+        .unwrap();
+    let (_, team_b) = app.token("mallory", None).await;
+    let kept = question("WVWZZZ1JZXW000001");
+    assert_eq!(ask(&app, &team_a, &kept).await.0, "miss");
+    app.wait_for_cache_entries(1).await;
+    for i in 0..30 {
+        let mut cheap = question(&format!("WVWZZZ1JZXW{:06}", 100 + i));
+        cheap["max_tokens"] = json!(1);
+        assert_eq!(ask(&app, &team_b, &cheap).await.0, "miss");
+    }
+    app.wait_for_cache_entries(31).await;
+    assert_eq!(
+        app.state.cache.evict(chrono::Utc::now()).await.unwrap(),
+        21,
+        "down to the cap"
+    );
+    assert_eq!(ask(&app, &team_a, &kept).await.0, "hit-exact");
+    let flooding = app
+        .scalar("SELECT id FROM teams WHERE name = 'flooding'")
+        .await;
+    assert_eq!(
+        app.scalar(&format!(
+            "SELECT COUNT(*) FROM cache_entries WHERE scope = 'team:{flooding}'"
+        ))
+        .await,
+        9,
+        "the flooding team keeps the rest of the cap, its newest"
+    );
+}
+crate::on_both_engines!(one_scope_cannot_evict_another_scopes_entries);
+
+/// Hosts that evict at the same moment delete the surplus once between them: each
+/// counted the table and then deleted that many more of the oldest, so the entries went
+/// down by the surplus once per host (s31 cache attack F2, multi-host). Four hosts on one
+/// database (a SQLite file or a PostgreSQL database) evict at once; the cap is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_evicting_at_once_leave_the_cap() {
+    use crate::pg_gateway_app::{shared_key, Engine};
+    let dir = tempfile::tempdir().unwrap();
+    let url = (test_engine() == Engine::Postgres).then(crate::pg_server::database);
+    let open = || async {
+        match &url {
+            None => sluice::store::Db::open(&dir.path().join("shared.db"), false).await,
+            Some(url) => sluice::store::Db::open_postgres(url, &shared_key()).await,
+        }
+        .unwrap()
+    };
+    let settings = sluice::config::CacheSettings {
+        max_entries: 10,
+        ..Default::default()
+    };
+    let mut hosts = Vec::new();
+    for _ in 0..4 {
+        let db = open().await;
+        hosts.push(
+            sluice::cache::Cache::new(
+                &settings,
+                &sluice::config::UpstreamTimeouts::default(),
+                db.clone(),
+                sluice::store::writer::Writer::start(&db),
+            )
+            .unwrap(),
+        );
+    }
+    let now = chrono::Utc::now();
+    let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
+        "message": {"role": "assistant", "content": "Check the EGR valve."}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 24, "total_tokens": 36}});
+    for round in 0..3 {
+        for i in 0..30 {
+            let vin = format!("WVWZZZ1JZXW{:06}", round * 100 + i);
+            let plan = plan_of(&hosts[0], &question(&vin), None);
+            hosts[0].put(&plan, &answer, (12, 24), now).await;
+        }
+        hosts[0].flush().await;
+        let evicted = futures_util::future::join_all(hosts.iter().map(|h| h.evict(now))).await;
+        let evicted: u64 = evicted.into_iter().map(Result::unwrap).sum();
+        let db = open().await;
+        let left = scalar_on(&db, "SELECT COUNT(*) FROM cache_entries").await;
+        // 30 new entries over the 10 kept (none kept before the first round).
+        let surplus = if round == 0 { 20 } else { 30 };
+        assert_eq!((left, evicted), (10, surplus), "round {round}");
+    }
+}

@@ -428,3 +428,157 @@ async fn sessions_are_judged_by_the_databases_clock() {
         "past 12 hours by the database's clock"
     );
 }
+
+/// A cache entry's expiry is judged by the database's clock: a host whose clock runs 2 h
+/// ahead evicts no entry another host stored that the database still reads as live.
+/// Before, its minute's eviction compared `expires_at` with its own time and deleted every
+/// entry with less than 2 h left — every host's default-TTL (1 h) entries, each minute
+/// (s31 cache attack F3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_ahead_does_not_evict_other_hosts_live_entries() {
+    let url = crate::pg_server::database();
+    let open = || async {
+        sluice::store::Db::open_postgres(&url, &crate::pg_gateway_app::shared_key())
+            .await
+            .unwrap()
+    };
+    let (right, ahead) = (open().await, open().await);
+    let (right, ahead) = (
+        crate::cache::cache_on(&right),
+        crate::cache::cache_on(&ahead),
+    );
+    let now = Utc::now();
+    let body = serde_json::json!({"model": "gpt-4o-mini", "temperature": 0,
+        "messages": [{"role": "user", "content": "Why does the engine warning light blink?"}]});
+    let answer = serde_json::json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
+        "message": {"role": "assistant", "content": "Check the EGR valve."}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 24, "total_tokens": 36}});
+    let plan = crate::cache::plan_of(&right, &body, None);
+    right.put(&plan, &answer, (12, 24), now).await;
+    // One the right host stored two hours ago has expired by the database's clock: it goes,
+    // whichever host evicts.
+    let mut stale = body.clone();
+    stale["messages"][0]["content"] = serde_json::json!("Why does the oil light blink?");
+    let stale = crate::cache::plan_of(&right, &stale, None);
+    right
+        .put(&stale, &answer, (12, 24), now - Duration::hours(2))
+        .await;
+    right.flush().await;
+    assert_eq!(
+        ahead.evict(now + Duration::hours(2)).await.unwrap(),
+        1,
+        "the live entry has an hour left by the database's clock; the stale one goes"
+    );
+    let fresh = crate::cache::cache_on(&open().await);
+    fresh.rebuild(now).await.unwrap();
+    let hit = fresh
+        .get(
+            &crate::cache::plan_of(&fresh, &body, None),
+            now,
+            std::time::Instant::now() + std::time::Duration::from_secs(5),
+        )
+        .await
+        .expect("still stored");
+    assert_eq!(hit.entry.answer, answer);
+}
+
+/// A gateway whose clock runs 2 h ahead stamps its entries' expiry on the database's
+/// clock (its time plus the offset its token poll learned): an entry it stores with a TTL
+/// of an hour expires an hour from the database's now, on every host. Before, it expired
+/// 3 h from it, so a host with the right clock served it 2 h past the TTL the client
+/// asked for (s31 cache attack F3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_ahead_stamps_cache_expiry_on_the_databases_clock() {
+    let clock = Arc::new(ManualClock::new(Utc::now() + Duration::hours(2)));
+    let app = crate::pg_gateway_app::spawn_app_on_full(
+        crate::pg_gateway_app::Engine::Postgres,
+        |_, _| {},
+        Some(clock as Arc<dyn Clock>),
+    )
+    .await;
+    let (_, token) = app.token("alice", None).await;
+    let body = serde_json::json!({"model": "gpt-4o-mini", "temperature": 0,
+        "messages": [{"role": "user", "content": "Why does the engine warning light blink?"}]});
+    let resp = app
+        .http
+        .post(format!("{}/v1/chat/completions", app.address))
+        .bearer_auth(&token)
+        .header("x-sluice-cache-ttl", "3600")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    app.wait_for_cache_entries(1).await;
+    let stamped: String = sqlx::query_scalar("SELECT expires_at FROM cache_entries")
+        .fetch_one(&app.db().postgres().unwrap().pool)
+        .await
+        .unwrap();
+    let expires = chrono::DateTime::parse_from_rfc3339(&stamped).unwrap();
+    let left = expires.with_timezone(&Utc) - Utc::now();
+    assert!(
+        left > Duration::minutes(55) && left <= Duration::hours(1),
+        "an hour from the database's now, not three: {left}"
+    );
+}
+
+/// A gateway whose clock lags 10 minutes does not serve an entry past its expiry by the
+/// database's clock: it judges expiry at its time plus the offset its token poll learned.
+/// Before, it served an entry whose TTL ran out for up to 10 more minutes — the client
+/// that chose a short `x-sluice-cache-ttl` got a stale answer (s31 cache attack F3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_host_does_not_serve_an_entry_past_its_ttl() {
+    let clock = Arc::new(ManualClock::new(Utc::now() - Duration::minutes(10)));
+    let app = crate::pg_gateway_app::spawn_app_on_full(
+        crate::pg_gateway_app::Engine::Postgres,
+        |_, _| {},
+        Some(clock as Arc<dyn Clock>),
+    )
+    .await;
+    let (_, token) = app.token("alice", None).await;
+    let asked = |q: &str| {
+        serde_json::json!({"model": "gpt-4o-mini", "temperature": 0,
+            "messages": [{"role": "user", "content": q}]})
+    };
+    let answer = serde_json::json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
+        "message": {"role": "assistant", "content": "Check the EGR valve."}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 24, "total_tokens": 36}});
+    // Another host with the right clock stores one live entry (an hour left) and one whose
+    // hour ran out a second ago.
+    let other = crate::cache::cache_on(app.db());
+    let now = Utc::now();
+    let (live, expired) = (asked("Why is it live?"), asked("Why has it expired?"));
+    other
+        .put(
+            &crate::cache::plan_of(&other, &live, None),
+            &answer,
+            (12, 24),
+            now,
+        )
+        .await;
+    let stamped = now - Duration::seconds(3601);
+    other
+        .put(
+            &crate::cache::plan_of(&other, &expired, None),
+            &answer,
+            (12, 24),
+            stamped,
+        )
+        .await;
+    other.flush().await;
+    // The gateway's cache poll (each second) learns of the other host's rows.
+    tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
+    let cache_of =
+        |r: &reqwest::Response| r.headers()["x-sluice-cache"].to_str().unwrap().to_string();
+    let r = app.chat(&token, &live).await;
+    assert_eq!(
+        (r.status().as_u16(), cache_of(&r)),
+        (200, "hit-exact".into())
+    );
+    let r = app.chat(&token, &expired).await;
+    assert_eq!(
+        (r.status().as_u16(), cache_of(&r)),
+        (200, "miss".into()),
+        "expired by the database's clock, whatever this host's says"
+    );
+}

@@ -25,6 +25,9 @@ use crate::store::Result;
 /// The advisory lock cache writers take (an arbitrary constant: "sluice cache").
 const CACHE_LOCK: i64 = 0x736c_7569_6365_0a02;
 
+/// The advisory lock the eviction past the cap takes, one host at a time (another constant).
+const EVICT_LOCK: i64 = 0x736c_7569_6365_0a03;
+
 pub async fn get(pool: &PgPool, key: &[u8], now: DateTime<Utc>) -> Result<Option<EntryRow>> {
     Ok(sqlx::query_as("SELECT key, answer, input_tokens, output_tokens, expires_at FROM cache_entries WHERE key = $1 AND expires_at > $2")
         .bind(key)
@@ -150,31 +153,51 @@ pub async fn delete_tag_in(conn: &mut PgConnection, tag: &str) -> Result<Vec<Vec
     Ok(keys)
 }
 
-/// Deletes expired entries; returns their keys.
+/// Deletes the entries expired by the database's clock; returns their keys. `now` (the
+/// host's time on the database's clock) can only hold it back: a host whose clock runs
+/// ahead deleted every entry with less than its lead left, every host's, each minute
+/// (s31 cache attack F3).
 pub async fn evict_expired(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<Vec<u8>>> {
-    Ok(
-        sqlx::query_scalar("DELETE FROM cache_entries WHERE expires_at <= $1 RETURNING key")
-            .bind(db_time(now))
-            .fetch_all(pool)
-            .await?,
-    )
-}
-
-/// Deletes the oldest entries past `max_entries`; returns their keys.
-pub async fn evict_oldest(pool: &PgPool, max_entries: u64) -> Result<Vec<Vec<u8>>> {
-    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM cache_entries")
-        .fetch_one(pool)
-        .await?;
-    let over = count.saturating_sub(i64::try_from(max_entries).unwrap_or(i64::MAX));
-    if over <= 0 {
-        return Ok(Vec::new());
-    }
-    Ok(sqlx::query_scalar(
-        "DELETE FROM cache_entries WHERE key IN (SELECT key FROM cache_entries ORDER BY created_at LIMIT $1) RETURNING key",
-    )
-    .bind(over)
+    Ok(sqlx::query_scalar(concat!(
+        "DELETE FROM cache_entries WHERE expires_at <= LEAST($1, ",
+        db_now!(),
+        ") RETURNING key"
+    ))
+    .bind(db_time(now))
     .fetch_all(pool)
     .await?)
+}
+
+/// Deletes the entries past `max_entries` (`store::cache::past_cap`); returns their keys.
+/// One host evicts at a time: the others, finding the lock taken, leave it to that one
+/// (each counted and then deleted its own surplus, so hosts whose minutes met deleted it
+/// once each; s31 cache attack F2).
+pub async fn evict_over_cap(pool: &PgPool, max_entries: u64) -> Result<Vec<Vec<u8>>> {
+    let cap = i64::try_from(max_entries).unwrap_or(i64::MAX);
+    let mut tx = pool.begin().await?;
+    let ours: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+        .bind(EVICT_LOCK)
+        .fetch_one(&mut *tx)
+        .await?;
+    if !ours {
+        return Ok(Vec::new());
+    }
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM cache_entries")
+        .fetch_one(&mut *tx)
+        .await?;
+    if count <= cap {
+        return Ok(Vec::new());
+    }
+    let past = crate::store::cache::past_cap("$1");
+    // One statement: the surplus is the one it sees, whatever another host did before.
+    let keys = sqlx::query_scalar(&format!(
+        "DELETE FROM cache_entries WHERE id IN ({past}) RETURNING key"
+    ))
+    .bind(cap)
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(keys)
 }
 
 pub async fn epoch(pool: &PgPool) -> Result<i64> {

@@ -46,18 +46,6 @@ use crate::store::ledger::{
 };
 use crate::store::{Result, StoreError};
 
-/// The database's time, as the stored text (`clock::db_time`'s format), at the start of the
-/// current statement: what a token's expiry is compared with. Hosts' clocks may disagree
-/// by any amount ("Clock tolerance"); the database's is the one they share. The
-/// statement's time (not `now()`, the transaction's start: a batch may wait on its locks;
-/// not `clock_timestamp()`, which moves within a statement, so the check of a CTE and the
-/// re-check of its `UPDATE` could disagree) is one value per statement, and fresh at each.
-macro_rules! db_now {
-    () => {
-        "to_char(statement_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
-    };
-}
-
 mod cas;
 pub mod group;
 pub use cas::{release_via, reserve, reserve_tx, reserve_via, settle, settle_tx, settle_via};
