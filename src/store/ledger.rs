@@ -114,12 +114,13 @@ static SQL: LazyLock<[LevelSql; 3]> = LazyLock::new(|| {
                             WHERE kind = 'adjust' AND reason = ?4 AND {id_col} = ?1) c
                      WHERE s.total IS NOT NULL AND s.total - COALESCE(c.done, 0) <> 0"
                 ),
-                // What a refund follows back (`cas::recarry_tx`): whether any carry has
-                // reason `?2` (one probe of the partial index: most settlements in another
-                // period than their reservation's crossed a boundary, nothing carried), the
-                // reservation's own row, then the first carry with reason `?2` after row `?3`.
+                // What a refund follows back (`cas::recarry_tx`): whether any carry of period
+                // `?2`'s spend exists (one probe of the level's partial index, empty but for
+                // a wrong clock's periods), the reservation's own row, then the first carry
+                // with reason `?2` after row `?3`.
                 carried: format!(
-                    "SELECT 1 FROM ledger WHERE kind = 'adjust' AND reason = ?2 AND {id_col} = ?1 LIMIT 1"
+                    "SELECT 1 FROM ledger WHERE kind = 'adjust' AND reason = '{}' || ?2 || '{}' AND {id_col} = ?1 LIMIT 1",
+                    CARRY_REASON.0, CARRY_REASON.1
                 ),
                 reserve_row: format!(
                     "SELECT id FROM ledger WHERE {id_col} = ?1 AND {period_col} = ?2 AND request_id = ?3 AND kind = 'reserve'"
@@ -345,8 +346,15 @@ pub(super) fn carried_from(reset: Reset, stored: &str, key: &str) -> Option<Stri
 /// (`Reset::place`): the rollback's `limit − remaining == Σ ledger` holds in the new
 /// period, and nothing spent there is restored.
 pub(super) fn carry_back_reason(from: &str) -> String {
-    format!("the spend of period {from}, carried back: a clock ahead had rolled the level into it")
+    format!("{}{from}{}", CARRY_REASON.0, CARRY_REASON.1)
 }
+
+/// `carry_back_reason`'s text around the period, for the statements that build it from a
+/// period column (no quote in it: it is written into SQL as it is).
+pub(super) const CARRY_REASON: (&str, &str) = (
+    "the spend of period ",
+    ", carried back: a clock ahead had rolled the level into it",
+);
 
 #[allow(clippy::too_many_arguments)]
 async fn ledger_row(

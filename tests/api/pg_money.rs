@@ -1459,3 +1459,49 @@ on_both_stores!(
     reservations_ahead_settled_together_are_told_a_true_balance,
     ahead_settled_together
 );
+
+/// As `ahead_across_midnight`, but the reservation ahead ends while the wrong clock has the
+/// level in its period again: its refund goes to that period's balance, and its estimate,
+/// carried into the host's day before, is taken back there — the next day's carry is only
+/// what the period ahead spent since, never a negative one crediting it with what the day
+/// before paid (s31 recarry2 attack F1: 16 R of the host's own spend in a 10 R day).
+async fn ahead_ends_in_its_period_after_midnight(store: Store) {
+    let w = WrongClock::daily(&store).await;
+    w.right.advance(Duration::hours(12));
+    let ahead: Arc<dyn Clock> = w.ahead.clone();
+    w.reserve_ahead("ahead", 8 * R).await;
+    assert!(store.charge_one(&w.owner, "r0", &w.right).await.is_ok());
+    w.right.advance(Duration::hours(2) + Duration::minutes(30));
+    w.ahead.advance(Duration::hours(2) + Duration::minutes(30));
+    assert!(w.wrong.charge_one(&w.owner, "w1", &w.ahead).await.is_ok());
+    w.wrong.settle("ahead", R, ahead).await.unwrap().unwrap();
+    assert!(store.charge_one(&w.owner, "r1", &w.right).await.is_ok());
+    let (_, remaining, _) = store.level("tokens", w.owner.token_id).await;
+    assert_eq!(
+        remaining,
+        8 * R,
+        "{}: 1 R today and the 1 R ahead since midnight",
+        store.name()
+    );
+    let negative = store
+        .int(&format!(
+            "SELECT COUNT(*) FROM (SELECT period, reason FROM ledger WHERE token_id = {} AND kind = 'adjust'
+             AND reason LIKE 'the spend of period %' GROUP BY period, reason HAVING SUM(amount_micros) < 0) n",
+            w.owner.token_id
+        ))
+        .await;
+    assert_eq!(
+        negative,
+        0,
+        "{}: a period credited by a carry",
+        store.name()
+    );
+    let (carried, spent) = carried_and_spent(&store, &w.owner, "2036-12-04").await;
+    assert_eq!(carried, spent, "{}", store.name());
+    w.admits_exactly(&store, 8).await;
+    store.assert_settled().await;
+}
+on_both_stores!(
+    a_refund_made_in_the_period_ahead_after_midnight_credits_the_next_day_nothing,
+    ahead_ends_in_its_period_after_midnight
+);

@@ -373,8 +373,11 @@ fn settle_from(
     let charged = actual.min(held.amount);
     let refund = held.amount - charged;
     let mut left: [Option<i64>; 3] = [None; 3];
-    // Levels no longer in the reservation's period: (level, its period).
-    let mut moved = Vec::new();
+    // Levels whose refund may have to follow a carried estimate (`recarry_tx`): those no
+    // longer in the reservation's period, and those with a limit still in it — a wrong
+    // clock's period the level came back into, whose estimate a rollback had carried
+    // before (s31 recarry2 attack F1). (level, its period).
+    let mut follow = Vec::new();
     for level in LEVELS {
         let sql = &SQL[level.idx()];
         let (id, period) = (held.owner.id(level), held.periods[level.idx()].as_str());
@@ -391,10 +394,13 @@ fn settle_from(
         };
         if at == period {
             left[level.idx()] = remaining;
+            if remaining.is_some() {
+                follow.push((level, at));
+            }
         } else {
             // An orphan's correction refunds only a level still in its period.
             left[level.idx()] = remaining.filter(|_| open);
-            moved.push((level, at));
+            follow.push((level, at));
         }
     }
     let now_s = db_time(now);
@@ -420,7 +426,7 @@ fn settle_from(
         )?;
     }
     if refund > 0 {
-        for (level, at) in moved {
+        for (level, at) in follow {
             let refunded = Refunded {
                 level,
                 id: held.owner.id(level),
@@ -464,12 +470,15 @@ pub(super) struct Refunded<'a> {
 /// refund back as a negative carry with its reason, and the level gets it when it lands in
 /// its current period. Else the host's period kept the whole estimate of a request that
 /// cost less (s30 last attack F1; s31 recarry attack F1), and a refund of an estimate
-/// carried into the day before went to the next (F2). Returns the level's remaining
+/// carried into the day before went to the next (F2). A level back in `held` itself got
+/// the refund already (its roll forward counted the estimate too): the carry is taken
+/// back all the same, or the next rollback's carry came out negative and credited the
+/// host's next period with what the one before paid (s31 recarry2 attack F1); no carry of
+/// `held` goes into `held`, so nothing is credited twice. Returns the level's remaining
 /// balance when it changed.
 fn recarry_tx(tx: &mut Conn<'_>, r: &Refunded<'_>, now: &str) -> Result<Option<Option<i64>>> {
     let sql = &SQL[r.level.idx()];
-    let reason = carry_back_reason(r.held);
-    let any = [r.id.into(), reason.as_str().into()];
+    let any = [r.id.into(), r.held.into()];
     if tx.query_row(sql.carried.as_str(), &any, |_| ())?.is_none() {
         return Ok(None);
     }

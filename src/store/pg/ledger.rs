@@ -42,7 +42,8 @@ use crate::clock::db_time;
 use crate::quota::period::Reset;
 use crate::store::audit::{AuditEntry, AuditKeys};
 use crate::store::ledger::{
-    carried_from, carry_back_reason, rollover_entry, Balance, Level, Orphans, Owner, LEVELS,
+    carried_from, carry_back_reason, rollover_entry, Balance, Level, Orphans, Owner, CARRY_REASON,
+    LEVELS,
 };
 use crate::store::{Result, StoreError};
 
@@ -112,6 +113,21 @@ fn carry_back_sql(level: Level) -> String {
               (SELECT SUM(amount_micros) AS done FROM ledger
                 WHERE kind = 'adjust' AND reason = $4 AND {id_col} = $1) c
          WHERE s.total IS NOT NULL AND s.total - COALESCE(c.done, 0) <> 0"
+    )
+}
+
+/// The period `level` (its row's `period` column, `at`) is in when a settlement's refund
+/// may have to follow a carried estimate (`recarry`), else NULL: it is no longer the
+/// reservation's (`held`), or it has a limit (`limited`) and a carry of `held`'s spend
+/// exists — a wrong clock's period the level came back into (s31 recarry2 attack F1). One
+/// probe of the level's partial index, which holds nothing but carries.
+pub(super) fn follow_sql(level: Level, at: &str, limited: &str, id: &str, held: &str) -> String {
+    let id_col = TABLES[idx(level)].1;
+    let (before, after) = CARRY_REASON;
+    format!(
+        "CASE WHEN {at} <> {held} OR ({limited} AND h.amount_micros > h.charged AND EXISTS (SELECT 1 FROM ledger c
+            WHERE c.kind = 'adjust' AND c.reason = '{before}' || {held} || '{after}' AND c.{id_col} = {id}))
+         THEN {at} END"
     )
 }
 

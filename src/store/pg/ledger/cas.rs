@@ -3,18 +3,20 @@
 //! `settle_via`, `release_via`), with the same code (`reserve_tx`, `settle_tx`). See the
 //! parent module for the transaction and why READ COMMITTED is enough.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 
 use super::group::{Answer, Part};
-use super::{id_of, idx, owner_locks, recarry, rollover, tighter, Moved};
+use super::{follow_sql, id_of, idx, owner_locks, recarry, rollover, tighter, Moved};
 use crate::clock::{db_time, Clock};
 use crate::quota::period::Reset;
 use crate::store::audit::AuditKeys;
-use crate::store::ledger::{OwnedReserve, Refusal, Reservation, ReserveRequest, Settled, LEVELS};
+use crate::store::ledger::{
+    Level, OwnedReserve, Refusal, Reservation, ReserveRequest, Settled, LEVELS,
+};
 use crate::store::pg::writer::{lock_rows, Group, Locks, Writer};
 use crate::store::pg::{transact, Body, PgDb};
 use crate::store::{Result, StoreError};
@@ -356,7 +358,23 @@ pub async fn reserve_via(
 /// `$3` is the actual cost (≥ 0), `$4` the time. Its columns from the sixth on are what
 /// `follow_moved` reads: each level's period when it is no longer the reservation's, then
 /// the reservation's ids and periods, and the refund.
-const SETTLE: &str = "WITH a AS (DELETE FROM reservations WHERE request_id = $1
+static SETTLE: LazyLock<String> = LazyLock::new(|| {
+    let [t, u, m] = [
+        (Level::Token, "tokens", "token_id", "period"),
+        (Level::User, "users", "user_id", "user_period"),
+        (Level::Team, "teams", "team_id", "team_period"),
+    ]
+    .map(|(level, table, id, held)| {
+        follow_sql(
+            level,
+            &format!("{table}.period"),
+            &format!("{table}.limit_micros IS NOT NULL"),
+            &format!("h.{id}"),
+            &format!("h.{held}"),
+        )
+    });
+    format!(
+        "WITH a AS (DELETE FROM reservations WHERE request_id = $1
             RETURNING token_id, user_id, team_id, period, user_period, team_period, amount_micros, TRUE AS open),
     b AS (DELETE FROM orphaned WHERE request_id = $1 AND $2 AND NOT EXISTS (SELECT 1 FROM a)
             RETURNING token_id, user_id, team_id, period, user_period, team_period, amount_micros, FALSE AS open),
@@ -367,17 +385,17 @@ const SETTLE: &str = "WITH a AS (DELETE FROM reservations WHERE request_id = $1
                 remaining_micros = CASE WHEN tokens.period = h.period THEN remaining_micros + h.amount_micros - h.charged ELSE remaining_micros END
             FROM h WHERE tokens.id = h.token_id
             RETURNING CASE WHEN h.open OR tokens.period = h.period THEN tokens.remaining_micros END AS remaining_micros,
-                NULLIF(tokens.period, h.period) AS moved),
+                {t} AS moved),
     u AS (UPDATE users SET reserved_micros = reserved_micros - h.release,
                 remaining_micros = CASE WHEN users.period = h.user_period THEN remaining_micros + h.amount_micros - h.charged ELSE remaining_micros END
             FROM h WHERE users.id = h.user_id
             RETURNING CASE WHEN h.open OR users.period = h.user_period THEN users.remaining_micros END AS remaining_micros,
-                NULLIF(users.period, h.user_period) AS moved),
+                {u} AS moved),
     m AS (UPDATE teams SET reserved_micros = reserved_micros - h.release,
                 remaining_micros = CASE WHEN teams.period = h.team_period THEN remaining_micros + h.amount_micros - h.charged ELSE remaining_micros END
             FROM h WHERE teams.id = h.team_id
             RETURNING CASE WHEN h.open OR teams.period = h.team_period THEN teams.remaining_micros END AS remaining_micros,
-                NULLIF(teams.period, h.team_period) AS moved),
+                {m} AS moved),
     l AS (INSERT INTO ledger (token_id, user_id, team_id, period, user_period, team_period, kind, amount_micros, request_id, created_at)
             SELECT h.token_id, h.user_id, h.team_id, h.period, h.user_period, h.team_period, k.kind, k.amount, $1, $4
             FROM h, LATERAL (VALUES ('settle', h.charged - h.amount_micros), ('absorbed', $3::BIGINT - h.charged)) AS k(kind, amount)
@@ -386,7 +404,9 @@ const SETTLE: &str = "WITH a AS (DELETE FROM reservations WHERE request_id = $1
            t.moved, u.moved, m.moved,
            h.token_id, h.user_id, h.team_id, h.period, h.user_period, h.team_period,
            h.amount_micros - h.charged
-    FROM h, t, u, m";
+    FROM h, t, u, m"
+    )
+});
 
 /// Recarries (`pg::ledger::recarry`) the levels a settling statement's `row` found in
 /// another period than the reservation's: from column `at`, each level's period when moved,
@@ -440,7 +460,7 @@ async fn settle_from(
     now: DateTime<Utc>,
     or_orphaned: bool,
 ) -> Result<Option<Settled>> {
-    let Some(row) = sqlx::query(SETTLE)
+    let Some(row) = sqlx::query(SETTLE.as_str())
         .bind(request_id)
         .bind(or_orphaned)
         .bind(actual.max(0))

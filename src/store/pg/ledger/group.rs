@@ -38,15 +38,15 @@
 //! writer rolls the batch back and runs it again job by job, so the bad job fails alone.
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row};
 
 use super::cas::follow_moved;
-use super::tighter;
+use super::{follow_sql, tighter};
 use crate::clock::db_time;
-use crate::store::ledger::{Owner, Refusal, Reservation, Settled, LEVELS};
+use crate::store::ledger::{Level, Owner, Refusal, Reservation, Settled, LEVELS};
 use crate::store::{Result, StoreError};
 
 /// What a groupable job asks, read when its batch runs (its `now` from its clock then).
@@ -81,7 +81,23 @@ pub enum Answer {
 /// each level's remaining balance after the whole statement, then what `cas::follow_moved`
 /// reads. Every level of a settled reservation is written (a release of 0 where nothing
 /// changes), so each has its row to report its period from.
-const SETTLE_MANY: &str = "WITH j AS (SELECT * FROM unnest($1::TEXT[], $2::BOOL[], $3::BIGINT[], $4::TEXT[])
+static SETTLE_MANY: LazyLock<String> = LazyLock::new(|| {
+    let [t, u, m] = [
+        (Level::Token, "t", "token_id", "period"),
+        (Level::User, "u", "user_id", "user_period"),
+        (Level::Team, "m", "team_id", "team_period"),
+    ]
+    .map(|(level, row, id, held)| {
+        follow_sql(
+            level,
+            &format!("{row}.period"),
+            &format!("{row}.limited"),
+            &format!("h.{id}"),
+            &format!("h.{held}"),
+        )
+    });
+    format!(
+        "WITH j AS (SELECT * FROM unnest($1::TEXT[], $2::BOOL[], $3::BIGINT[], $4::TEXT[])
             WITH ORDINALITY AS j(request_id, or_orphaned, actual, at, i)),
     a AS (DELETE FROM reservations r USING j WHERE r.request_id = j.request_id
             RETURNING r.request_id, r.token_id, r.user_id, r.team_id, r.period, r.user_period, r.team_period, r.amount_micros, TRUE AS open),
@@ -95,17 +111,17 @@ const SETTLE_MANY: &str = "WITH j AS (SELECT * FROM unnest($1::TEXT[], $2::BOOL[
             FROM (SELECT h.token_id AS id, SUM(h.release)::BIGINT AS release,
                          SUM(CASE WHEN k.period = h.period THEN h.amount_micros - h.charged ELSE 0 END)::BIGINT AS refund
                   FROM h JOIN tokens k ON k.id = h.token_id GROUP BY h.token_id) s
-            WHERE tokens.id = s.id RETURNING tokens.id, tokens.remaining_micros, tokens.period),
+            WHERE tokens.id = s.id RETURNING tokens.id, tokens.remaining_micros, tokens.period, tokens.limit_micros IS NOT NULL AS limited),
     u AS (UPDATE users SET reserved_micros = reserved_micros - s.release, remaining_micros = remaining_micros + s.refund
             FROM (SELECT h.user_id AS id, SUM(h.release)::BIGINT AS release,
                          SUM(CASE WHEN k.period = h.user_period THEN h.amount_micros - h.charged ELSE 0 END)::BIGINT AS refund
                   FROM h JOIN users k ON k.id = h.user_id GROUP BY h.user_id) s
-            WHERE users.id = s.id RETURNING users.id, users.remaining_micros, users.period),
+            WHERE users.id = s.id RETURNING users.id, users.remaining_micros, users.period, users.limit_micros IS NOT NULL AS limited),
     m AS (UPDATE teams SET reserved_micros = reserved_micros - s.release, remaining_micros = remaining_micros + s.refund
             FROM (SELECT h.team_id AS id, SUM(h.release)::BIGINT AS release,
                          SUM(CASE WHEN k.period = h.team_period THEN h.amount_micros - h.charged ELSE 0 END)::BIGINT AS refund
                   FROM h JOIN teams k ON k.id = h.team_id GROUP BY h.team_id) s
-            WHERE teams.id = s.id RETURNING teams.id, teams.remaining_micros, teams.period),
+            WHERE teams.id = s.id RETURNING teams.id, teams.remaining_micros, teams.period, teams.limit_micros IS NOT NULL AS limited),
     l AS (INSERT INTO ledger (token_id, user_id, team_id, period, user_period, team_period, kind, amount_micros, request_id, created_at)
             SELECT h.token_id, h.user_id, h.team_id, h.period, h.user_period, h.team_period, k.kind, k.amount, h.request_id, h.at
             FROM h, LATERAL (VALUES ('settle', h.charged - h.amount_micros), ('absorbed', h.actual - h.charged)) AS k(kind, amount)
@@ -114,10 +130,12 @@ const SETTLE_MANY: &str = "WITH j AS (SELECT * FROM unnest($1::TEXT[], $2::BOOL[
            CASE WHEN h.open OR t.period = h.period THEN t.remaining_micros END,
            CASE WHEN h.open OR u.period = h.user_period THEN u.remaining_micros END,
            CASE WHEN h.open OR m.period = h.team_period THEN m.remaining_micros END,
-           NULLIF(t.period, h.period), NULLIF(u.period, h.user_period), NULLIF(m.period, h.team_period),
+           {t}, {u}, {m},
            h.token_id, h.user_id, h.team_id, h.period, h.user_period, h.team_period,
            h.amount_micros - h.charged
-    FROM h JOIN t ON t.id = h.token_id JOIN u ON u.id = h.user_id JOIN m ON m.id = h.team_id";
+    FROM h JOIN t ON t.id = h.token_id JOIN u ON u.id = h.user_id JOIN m ON m.id = h.team_id"
+    )
+});
 
 /// Arrays: `$1` amount, `$2`–`$4` token, user, team, `$5` time (the host's, written in
 /// the rows; the token's expiry is judged by the database's clock, `db_now!`), `$6`
@@ -223,7 +241,7 @@ async fn settle_many(
             at.push(db_time(*now));
         }
     }
-    let rows = sqlx::query(SETTLE_MANY)
+    let rows = sqlx::query(SETTLE_MANY.as_str())
         .bind(&ids)
         .bind(&orph)
         .bind(&actual)
