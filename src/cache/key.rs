@@ -16,22 +16,28 @@ use crate::error::WireFormat;
 
 pub type Key = [u8; 32];
 
-/// Whether a request names content by its address — an image or document given by URL
-/// (OpenAI's `image_url` other than a `data:` URL; an Anthropic `source` of type `url`),
-/// at any depth (a tool result holds images too). The key holds the address, not the
-/// bytes behind it, which may change under it (a chart re-rendered, `latest.png`).
+/// Whether a request names content by its address, at any depth (a tool result holds
+/// images too): a member named `…_url` (`image_url`, `video_url`, `audio_url`,
+/// `document_url`, `file_url`, as a string or `{"url": …}`) or a `file_data`, other than
+/// a `data:` URL; an Anthropic `source` of type `url`. The key holds the address, not the
+/// bytes behind it, which may change under it (a chart re-rendered, `latest.png`; s31 cache
+/// attack F5, diff attack F3 — the forms of vLLM, Mistral and OpenRouter besides OpenAI's).
 pub fn names_remote_content(v: &Value) -> bool {
+    let remote = |u: &Value| {
+        u.get("url")
+            .unwrap_or(u)
+            .as_str()
+            .is_some_and(|u| !u.trim_start().starts_with("data:"))
+    };
     match v {
         Value::Array(items) => items.iter().any(names_remote_content),
         Value::Object(o) => {
-            let remote_image = o.get("type").and_then(Value::as_str) == Some("image_url")
-                && o.get("image_url")
-                    .and_then(|i| i.get("url").or(Some(i)))
-                    .and_then(Value::as_str)
-                    .is_some_and(|u| !u.trim_start().starts_with("data:"));
+            let addressed = o
+                .iter()
+                .any(|(k, u)| (k.ends_with("_url") || k == "file_data") && remote(u));
             let url_source = o.get("type").and_then(Value::as_str) == Some("url")
                 && o.get("url").is_some_and(Value::is_string);
-            remote_image || url_source || o.values().any(names_remote_content)
+            addressed || url_source || o.values().any(names_remote_content)
         }
         _ => false,
     }
@@ -134,10 +140,12 @@ pub fn keys(
     });
     let (embed_text, context) = match read {
         Some((embed_text, agreement)) => {
-            // The lexical reading's string is the one it always was: its entries stay found
-            // across versions.
+            // The reading's version: bumped whenever the reading tells more questions apart,
+            // since an entry stored under the looser one shares the key of a question the
+            // new one tells apart from it — `ls -R` stored before v3 answered `ls -r` (s31
+            // diff attack F1). Otherwise kept, so entries stay found across releases.
             let mut context = format!(
-                "context.v2 strict={} ignore_identifiers={}",
+                "context.v3 strict={} ignore_identifiers={}",
                 reading.strict, reading.ignore_identifiers
             );
             if !reading.model.is_empty() {
@@ -206,13 +214,13 @@ mod tests {
         assert_eq!(
             lexical.context,
             Some(hash(
-                "context.v2 strict=true ignore_identifiers=false",
+                "context.v3 strict=true ignore_identifiers=false",
                 "team:1",
                 "gpt",
                 WireFormat::OpenAi,
                 &Value::Array(vec![context_body, agreement]),
             )),
-            "the lexical context of every earlier version"
+            "the lexical context of this reading's version (v3: case of units and flags)"
         );
     }
 

@@ -233,9 +233,23 @@ async fn content_named_by_its_url_is_cached_only_when_asked_for() {
         json!({"type": "image", "source": {"type": "url", "url": "https://example.com/chart.png"}});
     let in_a_result =
         json!({"type": "tool_result", "tool_use_id": "t", "content": [anthropic.clone()]});
-    for remote in [&openai, &anthropic, &in_a_result] {
+    let video = json!({"type": "video_url", "video_url": {"url": "https://example.com/clip.mp4"}});
+    let plain = json!({"type": "input_image", "image_url": "https://example.com/latest.png"});
+    let mistral = json!({"type": "document_url", "document_url": "https://example.com/report.pdf"});
+    let file = json!({"type": "file", "file": {"filename": "r.pdf", "file_data": "https://example.com/r.pdf"}});
+    for remote in [
+        &openai,
+        &anthropic,
+        &in_a_result,
+        &video,
+        &plain,
+        &mistral,
+        &file,
+    ] {
         assert!(!ask(remote.clone(), false), "{remote}");
         assert!(ask(remote.clone(), true), "{remote}: asked for");
     }
     assert!(ask(inline, false));
+    let inline_file = json!({"type": "file", "file": {"filename": "r.pdf", "file_data": "data:application/pdf;base64,JVBERi0="}});
+    assert!(ask(inline_file, false));
 }

@@ -320,22 +320,24 @@ fn is_acronym(word: &str) -> bool {
 }
 
 /// A word whose case names what its lower case does not, after `prev`: a capital inside
-/// a word with small letters (`MBps` and `Mbps`, `mHz`, `kB`, `pH`), a short word after a
-/// number (a unit: `3 Mm` and `3 mm`), a single letter after a dash (a flag: `-R` and
-/// `-r`). Read folded, each such pair was one question — a semantic hit at similarity 1
-/// answered the other (s31 cache attack F1).
+/// a word with small letters (`MBps` and `Mbps`, `mHz`, `kB`, `pH`), a capital in a word
+/// with a digit (a unit written against its number: `5Gb` and `5gb`), a word of up to four
+/// letters after a number (a unit: `3 Mm` and `3 mm`, `5 Mbar`), up to three letters after
+/// a dash (flags: `-R` and `-r`, `-Rt`). Read folded, each such pair was one question — a
+/// semantic hit at similarity 1 answered the other (s31 cache attack F1, diff attack F2).
 fn case_counts(raw: &Raw, prev: Option<&Raw>) -> bool {
     let letters = || raw.text.chars().filter(|c| c.is_alphabetic());
     let inner_capital =
         letters().skip(1).any(char::is_uppercase) && letters().any(char::is_lowercase);
+    let glued = raw.text.chars().any(|c| c.is_ascii_digit()) && letters().any(char::is_uppercase);
     let after_number = prev.is_some_and(|p| {
         p.text.chars().any(|c| c.is_ascii_digit())
             && p.text
                 .chars()
                 .all(|c| c.is_ascii_digit() || c == '.' || c == ',')
-    }) && letters().count() <= 3;
-    let flag = letters().count() == 1 && prev.is_some_and(|p| p.symbol && p.text.ends_with('-'));
-    inner_capital || after_number || flag
+    }) && letters().count() <= 4;
+    let flag = letters().count() <= 3 && prev.is_some_and(|p| p.symbol && p.text.ends_with('-'));
+    inner_capital || glued || after_number || flag
 }
 
 /// A capitalised word inside a sentence, or an acronym.

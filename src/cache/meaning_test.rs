@@ -74,6 +74,11 @@ fn case_that_names_a_unit_or_a_flag_is_read() {
         ("What does ls -R do?", "What does ls -r do?"),
         ("What does grep -I do?", "What does grep -i do?"),
         ("ssh -L vs ssh -l", "ssh -l vs ssh -L"),
+        ("Download 5Gb at once", "Download 5gb at once"),
+        ("Convert 5Mm to km", "Convert 5mm to km"),
+        ("Is 5 Mbar a lot?", "Is 5 mbar a lot?"),
+        ("What does ls -Rt do?", "What does ls -rt do?"),
+        ("ssh -Nf host", "ssh -nf host"),
     ] {
         for strict in [true, false] {
             assert!(!agree(a, b, strict, false), "{a} / {b} (strict {strict})");

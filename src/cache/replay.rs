@@ -318,11 +318,15 @@ impl Assembler {
                 self.partial.clear();
             }
             Some("content_block_delta") => {
-                if !matches!(
-                    v["delta"]["type"].as_str(),
-                    Some("text_delta" | "input_json_delta")
-                ) || !self.at_open(v)
-                {
+                // A delta of the open block's kind: text into a tool call was written into
+                // the stored call, which the client never showed (s31 diff attack F4).
+                let open = self.blocks.last().map(|b| &b["type"]);
+                let fits = match v["delta"]["type"].as_str() {
+                    Some("text_delta") => open.is_some_and(|t| t == "text"),
+                    Some("input_json_delta") => open.is_some_and(|t| t == "tool_use"),
+                    _ => false,
+                };
+                if !fits || !self.at_open(v) {
                     self.faithful = false;
                 }
                 let block = self.blocks.last_mut().and_then(Value::as_object_mut);
@@ -585,6 +589,14 @@ mod tests {
                 text_start(0),
                 json!({"type": "content_block_delta", "delta": {"type": "text_delta", "text": "Hi"}}),
                 stop(0),
+            ],
+            vec![
+                text_start(0),
+                delta(0, "Hi"),
+                stop(0),
+                tool.clone(),
+                delta(1, "into the call"),
+                stop(1),
             ],
         ] {
             assert_eq!(anthropic(&events), None, "{events:?}");
