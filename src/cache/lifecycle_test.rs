@@ -253,3 +253,45 @@ async fn content_named_by_its_url_is_cached_only_when_asked_for() {
     let inline_file = json!({"type": "file", "file": {"filename": "r.pdf", "file_data": "data:application/pdf;base64,JVBERi0="}});
     assert!(ask(inline_file, false));
 }
+
+/// A surplus larger than one write's share of the eviction is deleted whole, in several
+/// writes (s31 evict attack F2: one statement held the write connection for seconds).
+#[tokio::test]
+async fn a_surplus_past_the_cap_is_evicted_in_chunks_to_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&dir.path().join("chunks.db"), false)
+        .await
+        .unwrap();
+    let settings = CacheSettings {
+        max_entries: 100,
+        ..CacheSettings::default()
+    };
+    let c = Cache::new(
+        &settings,
+        &UpstreamTimeouts::default(),
+        db.clone(),
+        Writer::start(&db),
+    )
+    .unwrap();
+    let now = Utc::now();
+    for i in 0..1_300 {
+        c.put(
+            &plan(&c, &format!("WVWZZZ1JZXW{i:06}")),
+            &answer(),
+            (12, 24),
+            now,
+        )
+        .await;
+    }
+    c.flush().await;
+    let count = |db: Db| async move {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM cache_entries")
+            .fetch_one(&db.sqlite().read)
+            .await
+            .unwrap();
+        n
+    };
+    assert_eq!(count(db.clone()).await, 1_300);
+    assert_eq!(c.evict(now).await.unwrap(), 1_200);
+    assert_eq!(count(db.clone()).await, 100);
+}
