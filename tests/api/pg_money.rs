@@ -1505,3 +1505,30 @@ on_both_stores!(
     a_refund_made_in_the_period_ahead_after_midnight_credits_the_next_day_nothing,
     ahead_ends_in_its_period_after_midnight
 );
+
+/// A client's retry with the same estimate, after its first try was released while the
+/// wrong clock had the level in its period again: the release takes the first estimate's
+/// carry back, so the next rollback carries the retry's, which its refund then follows — a
+/// rollback of exactly 0 wrote no carry, and the retry's refund was lost to the host's day
+/// (s31 recarry2 attack F2).
+async fn retry_ahead(store: Store) {
+    let levels = [limit(20 * R, "daily"), unlimited(), unlimited()];
+    let w = WrongClock::new(&store, &levels).await;
+    let ahead: Arc<dyn Clock> = w.ahead.clone();
+    w.reserve_ahead("a1", 8 * R).await;
+    assert!(store.charge_one(&w.owner, "r0", &w.right).await.is_ok());
+    w.reserve_ahead("a2", 8 * R).await;
+    assert!(w.wrong.release("a1", ahead.clone()).await.is_some());
+    assert!(store.charge_one(&w.owner, "r1", &w.right).await.is_ok());
+    w.wrong.settle("a2", R, ahead).await.unwrap().unwrap();
+    let (_, remaining, _) = store.level("tokens", w.owner.token_id).await;
+    assert_eq!(remaining, 17 * R, "{}: 2 R today, 1 R ahead", store.name());
+    let (carried, spent) = carried_and_spent(&store, &w.owner, "2036-12-04").await;
+    assert_eq!(carried, spent, "{}", store.name());
+    w.admits_exactly(&store, 17).await;
+    store.assert_settled().await;
+}
+on_both_stores!(
+    a_retry_ahead_after_a_release_in_its_period_is_refunded_to_the_hosts_day,
+    retry_ahead
+);
