@@ -1466,7 +1466,14 @@ on_both_stores!(
 /// what the period ahead spent since, never a negative one crediting it with what the day
 /// before paid (s31 recarry2 attack F1: 16 R of the host's own spend in a 10 R day).
 async fn ahead_ends_in_its_period_after_midnight(store: Store) {
-    let w = WrongClock::daily(&store).await;
+    // The user's level has no limit but rolls daily: its ledger is its spend report and
+    // what a limit set later starts from (s31 final attack F1).
+    let unlimited_daily = Budget {
+        limit: None,
+        reset: "daily",
+    };
+    let levels = [limit(10 * R, "daily"), unlimited_daily, unlimited()];
+    let w = WrongClock::new(&store, &levels).await;
     w.right.advance(Duration::hours(12));
     let ahead: Arc<dyn Clock> = w.ahead.clone();
     w.reserve_ahead("ahead", 8 * R).await;
@@ -1483,19 +1490,20 @@ async fn ahead_ends_in_its_period_after_midnight(store: Store) {
         "{}: 1 R today and the 1 R ahead since midnight",
         store.name()
     );
-    let negative = store
-        .int(&format!(
-            "SELECT COUNT(*) FROM (SELECT period, reason FROM ledger WHERE token_id = {} AND kind = 'adjust'
-             AND reason LIKE 'the spend of period %' GROUP BY period, reason HAVING SUM(amount_micros) < 0) n",
-            w.owner.token_id
-        ))
-        .await;
-    assert_eq!(
-        negative,
-        0,
-        "{}: a period credited by a carry",
-        store.name()
-    );
+    for (col, id) in [("token_id", w.owner.token_id), ("user_id", w.owner.user_id)] {
+        let negative = store
+            .int(&format!(
+                "SELECT COUNT(*) FROM (SELECT period, reason FROM ledger WHERE {col} = {id} AND kind = 'adjust'
+                 AND reason LIKE 'the spend of period %' GROUP BY period, reason HAVING SUM(amount_micros) < 0) n"
+            ))
+            .await;
+        assert_eq!(
+            negative,
+            0,
+            "{}: a {col} period credited by a carry",
+            store.name()
+        );
+    }
     let (carried, spent) = carried_and_spent(&store, &w.owner, "2036-12-04").await;
     assert_eq!(carried, spent, "{}", store.name());
     w.admits_exactly(&store, 8).await;

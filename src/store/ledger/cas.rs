@@ -374,9 +374,10 @@ fn settle_from(
     let refund = held.amount - charged;
     let mut left: [Option<i64>; 3] = [None; 3];
     // Levels whose refund may have to follow a carried estimate (`recarry_tx`): those no
-    // longer in the reservation's period, and those with a limit still in it — a wrong
-    // clock's period the level came back into, whose estimate a rollback had carried
-    // before (s31 recarry2 attack F1). (level, its period).
+    // longer in the reservation's period, and those still in it — a wrong clock's period
+    // the level came back into, whose estimate a rollback had carried before (s31 recarry2
+    // attack F1) — with a limit or not: an unlimited level's ledger is its spend report and
+    // what a limit set later starts from (s31 final attack F1). (level, its period).
     let mut follow = Vec::new();
     for level in LEVELS {
         let sql = &SQL[level.idx()];
@@ -394,9 +395,7 @@ fn settle_from(
         };
         if at == period {
             left[level.idx()] = remaining;
-            if remaining.is_some() {
-                follow.push((level, at));
-            }
+            follow.push((level, at));
         } else {
             // An orphan's correction refunds only a level still in its period.
             left[level.idx()] = remaining.filter(|_| open);

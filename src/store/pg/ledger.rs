@@ -118,14 +118,14 @@ fn carry_back_sql(level: Level) -> String {
 
 /// The period `level` (its row's `period` column, `at`) is in when a settlement's refund
 /// may have to follow a carried estimate (`recarry`), else NULL: it is no longer the
-/// reservation's (`held`), or it has a limit (`limited`) and a carry of `held`'s spend
-/// exists — a wrong clock's period the level came back into (s31 recarry2 attack F1). One
-/// probe of the level's partial index, which holds nothing but carries.
-pub(super) fn follow_sql(level: Level, at: &str, limited: &str, id: &str, held: &str) -> String {
+/// reservation's (`held`), or a carry of `held`'s spend exists — a wrong clock's period the
+/// level came back into (s31 recarry2 attack F1), with a limit or not (s31 final attack
+/// F1). One probe of the level's partial index, which holds nothing but adjustments.
+pub(super) fn follow_sql(level: Level, at: &str, id: &str, held: &str) -> String {
     let id_col = TABLES[idx(level)].1;
     let (before, after) = CARRY_REASON;
     format!(
-        "CASE WHEN {at} <> {held} OR ({limited} AND h.amount_micros > h.charged AND EXISTS (SELECT 1 FROM ledger c
+        "CASE WHEN {at} <> {held} OR (h.amount_micros > h.charged AND EXISTS (SELECT 1 FROM ledger c
             WHERE c.kind = 'adjust' AND c.reason = '{before}' || {held} || '{after}' AND c.{id_col} = {id}))
          THEN {at} END"
     )

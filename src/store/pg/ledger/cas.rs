@@ -368,7 +368,6 @@ static SETTLE: LazyLock<String> = LazyLock::new(|| {
         follow_sql(
             level,
             &format!("{table}.period"),
-            &format!("{table}.limit_micros IS NOT NULL"),
             &format!("h.{id}"),
             &format!("h.{held}"),
         )

@@ -91,7 +91,6 @@ static SETTLE_MANY: LazyLock<String> = LazyLock::new(|| {
         follow_sql(
             level,
             &format!("{row}.period"),
-            &format!("{row}.limited"),
             &format!("h.{id}"),
             &format!("h.{held}"),
         )
@@ -111,17 +110,17 @@ static SETTLE_MANY: LazyLock<String> = LazyLock::new(|| {
             FROM (SELECT h.token_id AS id, SUM(h.release)::BIGINT AS release,
                          SUM(CASE WHEN k.period = h.period THEN h.amount_micros - h.charged ELSE 0 END)::BIGINT AS refund
                   FROM h JOIN tokens k ON k.id = h.token_id GROUP BY h.token_id) s
-            WHERE tokens.id = s.id RETURNING tokens.id, tokens.remaining_micros, tokens.period, tokens.limit_micros IS NOT NULL AS limited),
+            WHERE tokens.id = s.id RETURNING tokens.id, tokens.remaining_micros, tokens.period),
     u AS (UPDATE users SET reserved_micros = reserved_micros - s.release, remaining_micros = remaining_micros + s.refund
             FROM (SELECT h.user_id AS id, SUM(h.release)::BIGINT AS release,
                          SUM(CASE WHEN k.period = h.user_period THEN h.amount_micros - h.charged ELSE 0 END)::BIGINT AS refund
                   FROM h JOIN users k ON k.id = h.user_id GROUP BY h.user_id) s
-            WHERE users.id = s.id RETURNING users.id, users.remaining_micros, users.period, users.limit_micros IS NOT NULL AS limited),
+            WHERE users.id = s.id RETURNING users.id, users.remaining_micros, users.period),
     m AS (UPDATE teams SET reserved_micros = reserved_micros - s.release, remaining_micros = remaining_micros + s.refund
             FROM (SELECT h.team_id AS id, SUM(h.release)::BIGINT AS release,
                          SUM(CASE WHEN k.period = h.team_period THEN h.amount_micros - h.charged ELSE 0 END)::BIGINT AS refund
                   FROM h JOIN teams k ON k.id = h.team_id GROUP BY h.team_id) s
-            WHERE teams.id = s.id RETURNING teams.id, teams.remaining_micros, teams.period, teams.limit_micros IS NOT NULL AS limited),
+            WHERE teams.id = s.id RETURNING teams.id, teams.remaining_micros, teams.period),
     l AS (INSERT INTO ledger (token_id, user_id, team_id, period, user_period, team_period, kind, amount_micros, request_id, created_at)
             SELECT h.token_id, h.user_id, h.team_id, h.period, h.user_period, h.team_period, k.kind, k.amount, h.request_id, h.at
             FROM h, LATERAL (VALUES ('settle', h.charged - h.amount_micros), ('absorbed', h.actual - h.charged)) AS k(kind, amount)
