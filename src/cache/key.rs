@@ -37,7 +37,14 @@ pub fn names_remote_content(v: &Value) -> bool {
                 .any(|(k, u)| (k.ends_with("_url") || k == "file_data") && remote(u));
             let url_source = o.get("type").and_then(Value::as_str) == Some("url")
                 && o.get("url").is_some_and(Value::is_string);
-            addressed || url_source || o.values().any(names_remote_content)
+            // A tool call's input is the model's own words, not content sent along: an
+            // agent's `{"page_url": …}` made every later turn uncached (s31 final attack F2).
+            let call = o.get("type").and_then(Value::as_str) == Some("tool_use");
+            let inner = o
+                .iter()
+                .filter(|(k, _)| !(call && *k == "input"))
+                .any(|(_, v)| names_remote_content(v));
+            addressed || url_source || inner
         }
         _ => false,
     }

@@ -250,6 +250,11 @@ async fn content_named_by_its_url_is_cached_only_when_asked_for() {
         assert!(ask(remote.clone(), true), "{remote}: asked for");
     }
     assert!(ask(inline, false));
+    let call = json!({"type": "tool_use", "id": "t", "name": "fetch", "input": {"page_url": "https://example.com/"}});
+    assert!(
+        ask(call, false),
+        "a tool call's input is no content sent along"
+    );
     let inline_file = json!({"type": "file", "file": {"filename": "r.pdf", "file_data": "data:application/pdf;base64,JVBERi0="}});
     assert!(ask(inline_file, false));
 }
