@@ -340,6 +340,20 @@ impl TestApp {
         panic!("request log never reached {n} rows");
     }
 
+    /// Waits until the request log holds a row of token `id` (written after the
+    /// settlement, off the request path: a flush alone can come before it is queued).
+    pub async fn wait_for_row_of(&self, id: i64) {
+        for _ in 0..250 {
+            self.state.request_log.flush().await;
+            let sql = format!("SELECT COUNT(*) FROM requests WHERE token_id = {id}");
+            if self.scalar(&sql).await > 0 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        panic!("the request log never held a row of token {id}");
+    }
+
     /// Waits until the cache table holds `n` entries (they are written off the request
     /// path; the replica's memory has them before the table does).
     pub async fn wait_for_cache_entries(&self, n: i64) {

@@ -377,7 +377,7 @@ async fn a_digit_heavy_gemini_prompt_that_ends_before_its_answer_pays_its_digits
         let app = &app;
         async move {
             app.wait_settled().await;
-            app.state.request_log.flush().await;
+            app.wait_for_row_of(id).await;
             let (input, output, cost): (i64, i64, i64) = sql_row(
                 app.db(),
                 &format!(
@@ -615,7 +615,7 @@ async fn a_gemini_departure_with_a_document_pays_no_more_than_the_models_whole_i
             {"type": "text", "text": "0123456789".repeat(3_000)}]}]});
     leave_while_upstream_works(&app, KEY_G, 1, app.messages(&token, &body)).await;
     app.wait_settled().await;
-    app.state.request_log.flush().await;
+    app.wait_for_row_of(id).await;
     // The model's whole input (1 000 000 tokens) at Gemini 2.5 Pro's tier, 2.50 USD.
     assert_eq!(spent_and_absorbed(&app, id).await, (2_500_000, 0));
     let input = app
