@@ -152,7 +152,7 @@ pub fn keys(
             // new one tells apart from it — `ls -R` stored before v3 answered `ls -r` (s31
             // diff attack F1). Otherwise kept, so entries stay found across releases.
             let mut context = format!(
-                "context.v3 strict={} ignore_identifiers={}",
+                "context.v4 strict={} ignore_identifiers={}",
                 reading.strict, reading.ignore_identifiers
             );
             if !reading.model.is_empty() {
@@ -221,7 +221,7 @@ mod tests {
         assert_eq!(
             lexical.context,
             Some(hash(
-                "context.v3 strict=true ignore_identifiers=false",
+                "context.v4 strict=true ignore_identifiers=false",
                 "team:1",
                 "gpt",
                 WireFormat::OpenAi,

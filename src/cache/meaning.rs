@@ -159,6 +159,25 @@ fn split(text: &str, code: bool) -> Vec<Raw> {
             i = j;
             continue;
         }
+        // Any dash opening a word outside code is a flag's (`ls –R`, pasted from a word
+        // processor, is `ls -R`): an en dash was dropped and `−` kept as itself, so the
+        // flag lost its case (s31 stop attack C2).
+        let flag_dash = !code
+            && c != '-'
+            && is_dash(c)
+            && (i == 0 || chars[i - 1].1.is_whitespace())
+            && chars.get(i + 1).is_some_and(|&(_, n)| n.is_alphabetic());
+        if flag_dash {
+            out.push(Raw {
+                text: "-".to_string(),
+                sentence_start: false,
+                symbol: true,
+                segment,
+                joint,
+            });
+            i += 1;
+            continue;
+        }
         let after_digit = i > 0 && chars[i - 1].1.is_ascii_digit();
         let prime = matches!(c, '\'' | '"')
             && after_digit
@@ -323,7 +342,7 @@ fn is_acronym(word: &str) -> bool {
 /// a word with small letters (`MBps` and `Mbps`, `mHz`, `kB`, `pH`), a capital in a word
 /// with a digit (a unit written against its number: `5Gb` and `5gb`), a word of up to four
 /// letters after a number (a unit: `3 Mm` and `3 mm`, `5 Mbar`), up to three letters after
-/// a dash (flags: `-R` and `-r`, `-Rt`). Read folded, each such pair was one question — a
+/// a dash (flags: `-R` and `-r`, `-Rt`), a prefixed unit anywhere (`Mm` and `mm`). Read folded, each such pair was one question — a
 /// semantic hit at similarity 1 answered the other (s31 cache attack F1, diff attack F2).
 fn case_counts(raw: &Raw, prev: Option<&Raw>) -> bool {
     let letters = || raw.text.chars().filter(|c| c.is_alphabetic());
@@ -337,7 +356,7 @@ fn case_counts(raw: &Raw, prev: Option<&Raw>) -> bool {
                 .all(|c| c.is_ascii_digit() || c == '.' || c == ',')
     }) && letters().count() <= 4;
     let flag = letters().count() <= 3 && prev.is_some_and(|p| p.symbol && p.text.ends_with('-'));
-    inner_capital || glued || after_number || flag
+    inner_capital || glued || after_number || flag || PREFIXED_UNITS.contains(&raw.text.as_str())
 }
 
 /// A capitalised word inside a sentence, or an acronym.

@@ -79,6 +79,16 @@ fn case_that_names_a_unit_or_a_flag_is_read() {
         ("Is 5 Mbar a lot?", "Is 5 mbar a lot?"),
         ("What does ls -Rt do?", "What does ls -rt do?"),
         ("ssh -Nf host", "ssh -nf host"),
+        // A prefixed unit keeps its case with no number before it (s31 stop attack C1).
+        ("Convert Mm to mm", "Convert mm to Mm"),
+        ("How many mg are in a Mg?", "How many Mg are in a mg?"),
+        ("How many mm are in a Mm?", "How many Mm are in a mm?"),
+        ("How many Gb in a Tb?", "How many gb in a tb?"),
+        // A flag opened by any dash (pasted from a word processor) is a flag (C2).
+        ("What does ls –R do?", "What does ls –r do?"),
+        ("What does grep −I do?", "What does grep −i do?"),
+        ("What does cp ‐R do?", "What does cp ‐r do?"),
+        ("What does ssh —L do?", "What does ssh —l do?"),
     ] {
         for strict in [true, false] {
             assert!(!agree(a, b, strict, false), "{a} / {b} (strict {strict})");
@@ -95,6 +105,7 @@ fn case_that_names_a_unit_or_a_flag_is_read() {
         ),
         ("CONVERT 3 MM TO KM", "convert 3 mm to km"),
         ("What does ls -r do?", "what does ls -r do?"),
+        ("What does ls –R do?", "What does ls -R do?"),
     ] {
         assert!(agree(a, b, true, false), "{a} / {b}");
     }

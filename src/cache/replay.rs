@@ -297,6 +297,13 @@ impl Assembler {
         match v["type"].as_str() {
             Some("message_start") => {
                 if let Some(m) = v["message"].as_object() {
+                    // The answer is rebuilt from the blocks alone: content opened here
+                    // is not in it.
+                    if m.get("content")
+                        .is_some_and(|c| !c.is_null() && *c != json!([]))
+                    {
+                        self.faithful = false;
+                    }
                     self.answer = m.clone();
                 }
             }
@@ -601,6 +608,36 @@ mod tests {
         ] {
             assert_eq!(anthropic(&events), None, "{events:?}");
         }
+    }
+
+    /// Content an Anthropic `message_start` carries is shown by the SDKs before the blocks
+    /// that follow it (they append to the snapshot), but a rebuilt answer holds only the
+    /// blocks: such a stream is not stored, or the next asker got another answer than the
+    /// one proxied (s31 stop attack C3).
+    #[test]
+    fn content_in_a_message_start_is_not_stored() {
+        let rebuilt = |content: Value| {
+            let mut asm = Assembler::new(WireFormat::Anthropic, 1 << 20);
+            for data in [
+                json!({"type": "message_start", "message": {"id": "m", "type": "message", "role": "assistant",
+                    "model": "c", "content": content, "stop_reason": null, "stop_sequence": null,
+                    "usage": {"input_tokens": 1, "output_tokens": 0}}}),
+                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": " Refund denied."}}),
+                json!({"type": "content_block_stop", "index": 0}),
+                json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 3}}),
+                json!({"type": "message_stop"}),
+            ] {
+                asm.push(&frame(None, &data.to_string()));
+            }
+            asm.finish(None)
+        };
+        assert!(rebuilt(json!([])).is_some());
+        assert!(rebuilt(Value::Null).is_some());
+        assert_eq!(
+            rebuilt(json!([{"type": "text", "text": "Refund approved."}])),
+            None
+        );
     }
 
     /// What a rebuilt answer cannot hold faithfully makes it not stored: log probabilities.
