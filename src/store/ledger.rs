@@ -793,6 +793,15 @@ pub async fn top_up(tx: &mut super::Tx, level: Level, id: i64, amount: i64) -> R
         == 1)
 }
 
+/// What a token has spent in period `?2`, not rolled over yet, and — back from a period
+/// `?3` a wrong clock put it in — what the rollback's carry (`carry_back`) will bring: that
+/// period's spend less every carry of it (reason `?4`) made before, into any period (a
+/// carry into the day before was counted again: s31 stop attack C4). `?3` is `?2` and `?4`
+/// NULL for any other period.
+const STALE_SPENT: &str = "SELECT COALESCE(SUM(amount_micros), 0)
+        - COALESCE((SELECT SUM(amount_micros) FROM ledger WHERE kind = 'adjust' AND reason = ?4 AND token_id = ?1), 0)
+     FROM ledger WHERE token_id = ?1 AND period IN (?2, ?3) AND kind IN ('reserve', 'settle', 'adjust')";
+
 /// A token's balance in its current period, as its holder sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct Balance {
@@ -827,21 +836,18 @@ pub async fn balance(db: &super::Db, token_id: i64, now: DateTime<Utc>) -> Resul
     let spent: i64 = match (limit, stored_remaining) {
         (Some(l), Some(r)) if !stale => l - r,
         _ => {
-            sqlx::query_scalar(
-                "SELECT COALESCE(SUM(CASE WHEN kind = 'adjust' AND reason = ? THEN 0 ELSE amount_micros END), 0)
-                 FROM ledger WHERE token_id = ? AND period IN (?, ?) AND kind IN ('reserve', 'settle', 'adjust')",
-            )
-            .bind(carried_from(reset, stored, &current))
-            .bind(token_id)
-            .bind(&current)
-            .bind(reset.counted_with(stored, &current))
-            .fetch_one(pool)
-            .await?
+            sqlx::query_scalar(STALE_SPENT)
+                .bind(token_id)
+                .bind(&current)
+                .bind(reset.counted_with(stored, &current))
+                .bind(carried_from(reset, stored, &current))
+                .fetch_one(pool)
+                .await?
         }
     };
     // A period that has not been rolled over yet is, to its holder, already what the
     // rollover would make it: the limit less that period's ledger sum (and, back from a
-    // period a wrong clock put it in, that one's).
+    // period a wrong clock put it in, what the carry will bring of that one's).
     let remaining = if stale {
         limit.map(|l| l - spent)
     } else {

@@ -1390,6 +1390,42 @@ on_both_stores!(
     ahead_across_midnight
 );
 
+/// `GET /v1/usage` before a rollback the next request will make shows what that rollback
+/// sets: of the period ahead, only what no earlier carry took (into the day before). It
+/// counted the period ahead in full, 6 R remaining where the next request was given 9 R
+/// (s31 stop attack C4).
+async fn usage_before_a_second_rollback(store: Store) {
+    let w = WrongClock::daily(&store).await;
+    let ahead: Arc<dyn Clock> = w.ahead.clone();
+    w.reserve_ahead("a1", 3 * R).await;
+    w.wrong
+        .settle("a1", 3 * R, ahead.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    // The right host rolls the level back, carrying 3 R into its day.
+    assert!(store.charge_one(&w.owner, "r0", &w.right).await.is_ok());
+    w.reserve_ahead("a2", R).await;
+    w.wrong.settle("a2", R, ahead).await.unwrap().unwrap();
+    w.right.advance(Duration::days(1));
+    let shown = ledger::balance(&store.db, w.owner.token_id, w.right.now())
+        .await
+        .unwrap();
+    assert!(store.charge_one(&w.owner, "r1", &w.right).await.is_ok());
+    let (_, remaining, _) = store.level("tokens", w.owner.token_id).await;
+    assert_eq!(
+        (shown.remaining, remaining),
+        (Some(9 * R), 8 * R),
+        "{}: the next day carries 1 R of the period ahead",
+        store.name()
+    );
+    store.assert_settled().await;
+}
+on_both_stores!(
+    the_usage_shown_before_a_rollback_is_what_the_rollback_sets,
+    usage_before_a_second_rollback
+);
+
 /// Three clocks: the host's, one six days ahead, one ten years ahead. The reservation made
 /// ten years ahead is carried into the six-days-ahead period, and that period's spend into
 /// the host's; when the reservation settles for less, the refund follows its estimate

@@ -622,8 +622,11 @@ pub async fn balance(db: &PgDb, token_id: i64, now: DateTime<Utc>) -> Result<Bal
     let spent: i64 = match (limit, stored_remaining) {
         (Some(l), Some(r)) if !stale => l - r,
         _ => {
+            // `store::ledger::STALE_SPENT`'s: carried in full less every carry made before.
             sqlx::query_scalar(
-                "SELECT COALESCE(SUM(CASE WHEN kind = 'adjust' AND reason = $4 THEN 0 ELSE amount_micros END), 0)::BIGINT
+                "SELECT (COALESCE(SUM(amount_micros), 0)
+                         - COALESCE((SELECT SUM(amount_micros) FROM ledger
+                                     WHERE kind = 'adjust' AND reason = $4 AND token_id = $1), 0))::BIGINT
                  FROM ledger WHERE token_id = $1 AND period IN ($2, $3) AND kind IN ('reserve', 'settle', 'adjust')",
             )
             .bind(token_id)
@@ -635,7 +638,7 @@ pub async fn balance(db: &PgDb, token_id: i64, now: DateTime<Utc>) -> Result<Bal
         }
     };
     // Not rolled over yet: what the rollover would make it (the limit less that period's
-    // ledger sum, and back from a period ahead, that one's).
+    // ledger sum, and back from a period ahead, what the carry will bring of that one's).
     let remaining = if stale {
         limit.map(|l| l - spent)
     } else {
