@@ -286,10 +286,9 @@ impl EventReader {
 /// An OpenAI-format upstream event: a chunk, or a mid-stream error.
 pub enum OpenAiEvent<'a> {
     Chunk(Obj<Chunk<'a>>),
-    /// The error in OpenAI's shape; `raw` when the upstream's own body already is.
+    /// The error in OpenAI's shape, rebuilt: `{"error": {…}}` and nothing else.
     Error {
         error: Value,
-        raw: bool,
     },
 }
 
@@ -309,10 +308,9 @@ pub fn read_event(data: &str) -> Result<OpenAiEvent<'_>, Corrupt> {
             return chunk.map(OpenAiEvent::Chunk);
         }
     }
-    let as_error = serde_json::from_str::<Value>(data).ok().and_then(|v| {
-        let raw = v.get("error").is_some_and(Value::is_object);
-        openai_error(&v).map(|error| OpenAiEvent::Error { error, raw })
-    });
+    let as_error = serde_json::from_str::<Value>(data)
+        .ok()
+        .and_then(|v| openai_error(&v).map(|error| OpenAiEvent::Error { error }));
     match as_error {
         Some(e) => Ok(e),
         None => chunk.map(OpenAiEvent::Chunk),
@@ -321,10 +319,12 @@ pub fn read_event(data: &str) -> Result<OpenAiEvent<'_>, Corrupt> {
 
 /// An OpenAI-format mid-stream error in OpenAI's shape: a data chunk `{"error": {…}}`, or
 /// `{"error": "<text>", "error_type": "…"}` as Hugging Face TGI sends it (reshaped, its
-/// `error_type` as the code). `None` for any other chunk.
+/// `error_type` as the code). `None` for any other chunk. Only the error is kept: the
+/// chunk's other members (`choices` text among them) are not passed on uncounted (s31
+/// diff attack F5).
 fn openai_error(v: &Value) -> Option<Value> {
     match v.get("error")? {
-        Value::Object(_) => Some(v.clone()),
+        error @ Value::Object(_) => Some(json!({ "error": error })),
         Value::String(message) => {
             let code = v
                 .get("error_type")

@@ -230,15 +230,11 @@ impl StreamConverter {
         let charged = told.then(|| self.usage());
         let c = match read_event(data)? {
             OpenAiEvent::Chunk(c) => c,
-            OpenAiEvent::Error { error, raw } => {
+            OpenAiEvent::Error { error } => {
                 self.end_by_the_upstream(openai_chat::stream::fault(&error));
-                // An error in OpenAI's own shape passes as it came; TGI's text form is
-                // reshaped so the client's SDK reads its message and code.
-                out.push(if raw {
-                    frame(None, data)
-                } else {
-                    frame(None, &error.to_string())
-                });
+                // The error alone, in OpenAI's shape (TGI's text form reshaped), so the
+                // client's SDK reads its message and code.
+                out.push(frame(None, &error.to_string()));
                 return Ok(());
             }
         };

@@ -603,3 +603,26 @@ fn an_anthropic_type_holding_a_line_ending_names_no_event() {
     assert!(super::super::framing::plain_name("content_block_delta"));
     assert!(!super::super::framing::plain_name("a\nb"));
 }
+
+/// An OpenAI-format error chunk that carries `choices` reaches the client as the error
+/// alone: passed as it came, its text reached a hand-rolled reader uncounted — the
+/// stream was charged by the cut rule for the text before it (s31 diff attack F5).
+#[test]
+fn an_error_chunk_carries_no_text_to_the_client() {
+    for client in [WireFormat::OpenAi, WireFormat::Anthropic] {
+        let mut c = StreamConverter::new(Format::OpenAiChat, client, true, 10);
+        let mut out = Vec::new();
+        let first = json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"content": TEXT}, "finish_reason": null}]});
+        c.event("", &first.to_string(), &mut out);
+        let error = json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"content": "An uncounted tail."}, "finish_reason": null}],
+            "error": {"message": "overloaded", "type": "server_error"}});
+        c.event("", &error.to_string(), &mut out);
+        assert!(c.upstream_failed(), "{client:?}");
+        let told: String = out.iter().map(|f| String::from_utf8_lossy(f)).collect();
+        assert!(!told.contains("uncounted"), "{client:?}: {told}");
+        assert!(told.contains("overloaded"), "{client:?}: {told}");
+        assert_eq!(c.usage().output, estimate::count_text(TEXT), "{client:?}");
+    }
+}
