@@ -129,6 +129,16 @@ fn split(text: &str, code: bool) -> Vec<Raw> {
     let ignored = |c: char| {
         c.is_whitespace() || c.is_control() || (is_quote_or_dash(c) && !(code && c != '`'))
     };
+    // Any dash opening a word outside code is a flag's, on its own (`ls –R`, `(−R)` and
+    // `"–R"`, pasted from a word processor, are `ls -R`, `(-R)`): an en dash was dropped,
+    // and `−` or `(-` kept as runs the flag rule did not know, so the flag lost its case
+    // (s31 stop attack C2, s32 diff attack F2).
+    let opens_flag = |i: usize| {
+        !code
+            && is_dash(chars[i].1)
+            && (i == 0 || !is_word(chars[i - 1].1))
+            && chars.get(i + 1).is_some_and(|&(_, n)| n.is_alphabetic())
+    };
     while i < chars.len() {
         let (start, c) = chars[i];
         // `.5` is a number, not a break and `5`.
@@ -159,15 +169,7 @@ fn split(text: &str, code: bool) -> Vec<Raw> {
             i = j;
             continue;
         }
-        // Any dash opening a word outside code is a flag's (`ls –R`, pasted from a word
-        // processor, is `ls -R`): an en dash was dropped and `−` kept as itself, so the
-        // flag lost its case (s31 stop attack C2).
-        let flag_dash = !code
-            && c != '-'
-            && is_dash(c)
-            && (i == 0 || chars[i - 1].1.is_whitespace())
-            && chars.get(i + 1).is_some_and(|&(_, n)| n.is_alphabetic());
-        if flag_dash {
+        if opens_flag(i) {
             out.push(Raw {
                 text: "-".to_string(),
                 sentence_start: false,
@@ -222,7 +224,7 @@ fn split(text: &str, code: bool) -> Vec<Raw> {
         } else if prime || minus || !(is_word(c) || breaks(c) || ignored(c)) {
             let symbolic = |d: char| !(is_word(d) || breaks(d) || ignored(d));
             let mut j = i + 1;
-            while !prime && !minus && j < chars.len() && symbolic(chars[j].1) {
+            while !prime && !minus && j < chars.len() && symbolic(chars[j].1) && !opens_flag(j) {
                 j += 1;
             }
             let end = chars.get(j).map_or(text.len(), |&(e, _)| e);
@@ -356,7 +358,16 @@ fn case_counts(raw: &Raw, prev: Option<&Raw>) -> bool {
                 .all(|c| c.is_ascii_digit() || c == '.' || c == ',')
     }) && letters().count() <= 4;
     let flag = letters().count() <= 3 && prev.is_some_and(|p| p.symbol && p.text.ends_with('-'));
-    inner_capital || glued || after_number || flag || PREFIXED_UNITS.contains(&raw.text.as_str())
+    // A prefixed unit in a compound or with a power (`Mm/s`, `Mg/day`, `Mm²`) too (s32
+    // diff attack F1).
+    let prefixed = unit_parts(&raw.text).any(|p| PREFIXED_UNITS.contains(&p));
+    inner_capital || glued || after_number || flag || prefixed
+}
+
+/// The parts of a word that may each name a unit: `Mm/s` is `Mm` and `s`, `mm²` is `mm`.
+fn unit_parts(word: &str) -> impl Iterator<Item = &str> {
+    word.split(['/', '-', '.', '·'])
+        .map(|part| part.trim_end_matches(|c: char| !c.is_alphabetic()))
 }
 
 /// A capitalised word inside a sentence, or an acronym.
@@ -476,7 +487,8 @@ pub fn tokens(text: &str, ignore_identifiers: bool) -> Vec<Token> {
                 || name
                 || w.contains(['_', '.'])
                 || w.chars().any(|c| c.is_ascii_digit())
-                || [NEGATIONS, UNITS, OPPOSITES, ROLES, NUMBER_WORDS]
+                || unit_parts(&w).any(|p| UNITS.contains(&p))
+                || [NEGATIONS, OPPOSITES, ROLES, NUMBER_WORDS]
                     .iter()
                     .any(|l| l.contains(&w.as_str()));
             let text = if keep_case && whole {

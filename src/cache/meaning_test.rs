@@ -89,6 +89,15 @@ fn case_that_names_a_unit_or_a_flag_is_read() {
         ("What does grep −I do?", "What does grep −i do?"),
         ("What does cp ‐R do?", "What does cp ‐r do?"),
         ("What does ssh —L do?", "What does ssh —l do?"),
+        // In a compound, with a superscript, after a bracket or quote (s32 diff attack F1/F2).
+        ("How many mm² are in a Mm²?", "How many Mm² are in a mm²?"),
+        ("Convert Mm/s to mm/s", "Convert mm/s to Mm/s"),
+        ("Is 5 Mg/day of CO2 a lot?", "Is 5 mg/day of CO2 a lot?"),
+        ("Is 3 Pg of carbon a lot?", "Is 3 pg of carbon a lot?"),
+        ("What does ls (–R) do?", "What does ls (–r) do?"),
+        ("What does ls \"–R\" do?", "What does ls \"–r\" do?"),
+        ("What does grep (−I) do?", "What does grep (−i) do?"),
+        ("What does ls －R do?", "What does ls －r do?"),
     ] {
         for strict in [true, false] {
             assert!(!agree(a, b, strict, false), "{a} / {b} (strict {strict})");
@@ -106,6 +115,8 @@ fn case_that_names_a_unit_or_a_flag_is_read() {
         ("CONVERT 3 MM TO KM", "convert 3 mm to km"),
         ("What does ls -r do?", "what does ls -r do?"),
         ("What does ls –R do?", "What does ls -R do?"),
+        ("What does ls (–R) do?", "What does ls (-R) do?"),
+        ("What does grep (−I) do?", "What does grep (-I) do?"),
     ] {
         assert!(agree(a, b, true, false), "{a} / {b}");
     }

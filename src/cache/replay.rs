@@ -131,6 +131,9 @@ pub struct Assembler {
     refusal: String,
     tools: Vec<(String, String, String)>,
     blocks: Vec<Value>,
+    /// An Anthropic `message_start` came: a second one, or a block before the first, is
+    /// a stream the SDKs read otherwise than it is rebuilt.
+    started: bool,
     partial: String,
     complete: bool,
     /// False once a frame came that the answer cannot be rebuilt from faithfully: it is
@@ -172,6 +175,7 @@ impl Assembler {
             refusal: String::new(),
             tools: Vec::new(),
             blocks: Vec::new(),
+            started: false,
             partial: String::new(),
             complete: false,
             faithful: true,
@@ -296,6 +300,11 @@ impl Assembler {
     fn push_anthropic(&mut self, v: &Value) {
         match v["type"].as_str() {
             Some("message_start") => {
+                // The SDKs keep the first start's head (Python) or throw (TypeScript);
+                // the rebuilt answer would take the last one's (s32 diff attack F3).
+                if std::mem::replace(&mut self.started, true) {
+                    self.faithful = false;
+                }
                 if let Some(m) = v["message"].as_object() {
                     // The answer is rebuilt from the blocks alone: content opened here
                     // is not in it.
@@ -312,7 +321,10 @@ impl Assembler {
                 // server tools and citations make the answer one that is not stored.
                 let b = &v["content_block"];
                 let cited = !b["citations"].is_null() && b["citations"] != json!([]);
-                if !matches!(b["type"].as_str(), Some("text" | "tool_use")) || cited {
+                if !matches!(b["type"].as_str(), Some("text" | "tool_use"))
+                    || cited
+                    || !self.started
+                {
                     self.faithful = false;
                 }
                 // Blocks are rebuilt in the order they start, each delta into the open one:
@@ -638,6 +650,46 @@ mod tests {
             rebuilt(json!([{"type": "text", "text": "Refund approved."}])),
             None
         );
+    }
+
+    /// A second `message_start`, or a block before the first: the SDKs keep the first
+    /// start's head or throw, the rebuilt answer took the last one's — not stored (s32
+    /// diff attack F3).
+    #[test]
+    fn a_stream_started_twice_or_not_at_all_is_not_stored() {
+        let start = |id: &str, input: u64| {
+            json!({"type": "message_start", "message": {"id": id, "type": "message", "role": "assistant",
+                "model": "c", "content": [], "stop_reason": null, "stop_sequence": null,
+                "usage": {"input_tokens": input, "output_tokens": 0}}})
+        };
+        let block = [
+            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}}),
+            json!({"type": "content_block_stop", "index": 0}),
+        ];
+        let end = [
+            json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 3}}),
+            json!({"type": "message_stop"}),
+        ];
+        let rebuilt = |events: Vec<Value>| {
+            let mut asm = Assembler::new(WireFormat::Anthropic, 1 << 20);
+            for data in events.iter().chain(&end) {
+                asm.push(&frame(None, &data.to_string()));
+            }
+            asm.finish(None)
+        };
+        let once: Vec<Value> = std::iter::once(start("m1", 10))
+            .chain(block.clone())
+            .collect();
+        assert!(rebuilt(once).is_some());
+        let twice: Vec<Value> = std::iter::once(start("m1", 10))
+            .chain(block.clone())
+            .chain([start("m2", 9999)])
+            .collect();
+        assert_eq!(rebuilt(twice), None);
+        let late: Vec<Value> = block.iter().cloned().chain([start("m1", 10)]).collect();
+        assert_eq!(rebuilt(late), None);
+        assert_eq!(rebuilt(block.to_vec()), None);
     }
 
     /// What a rebuilt answer cannot hold faithfully makes it not stored: log probabilities.

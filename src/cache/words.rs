@@ -118,7 +118,7 @@ pub(super) const NEGATIONS: &[&str] = &[
 /// word keeps its case wherever it stands — at a sentence's start too, where a capital is
 /// ambiguous and two readings only cost a hit.
 pub(super) const PREFIXED_UNITS: &[&str] = &[
-    "Mm", "Gm", "Tm", "Pm", "Mg", "Gg", "Tg", "Mb", "Gb", "Tb", "Pb", "Eb", "Ml", "Gl", "Mbar",
+    "Mm", "Gm", "Tm", "Pm", "Mg", "Gg", "Tg", "Pg", "Mb", "Gb", "Tb", "Pb", "Eb", "Ml", "Gl", "Mbar",
     "Mbps", "Gbps", "Tbps", "Mt", "Gt",
 ];
 
@@ -298,7 +298,10 @@ pub(super) fn is_break(c: char) -> bool {
 
 /// A hyphen, dash or minus sign of any kind.
 pub(super) fn is_dash(c: char) -> bool {
-    matches!(c, '-' | '‐' | '‑' | '‒' | '–' | '—' | '―' | '−')
+    matches!(
+        c,
+        '-' | '‐' | '‑' | '‒' | '–' | '—' | '―' | '−' | '－' | '﹣'
+    )
 }
 
 /// Quotes, dashes and bullets: punctuation that separates words and means nothing by
