@@ -11,6 +11,7 @@ mod oidc_issuer;
 
 mod account;
 mod admin;
+mod admin_edge;
 mod admin_reports;
 mod admin_roles;
 mod audit_replay;
