@@ -121,7 +121,7 @@ fn carry_back_sql(level: Level) -> String {
 /// reservation's (`held`), or a carry of `held`'s spend exists — a wrong clock's period the
 /// level came back into (s31 recarry2 attack F1), with a limit or not (s31 final attack
 /// F1). One probe of the level's partial index, which holds nothing but adjustments.
-pub(super) fn follow_sql(level: Level, at: &str, id: &str, held: &str) -> String {
+fn follow_sql(level: Level, at: &str, id: &str, held: &str) -> String {
     let id_col = TABLES[idx(level)].1;
     let (before, after) = CARRY_REASON;
     format!(
@@ -129,6 +129,22 @@ pub(super) fn follow_sql(level: Level, at: &str, id: &str, held: &str) -> String
             WHERE c.kind = 'adjust' AND c.reason = '{before}' || {held} || '{after}' AND c.{id_col} = {id}))
          THEN {at} END"
     )
+}
+
+/// `follow_sql` for each level of a settling statement, in `LEVELS` order: `rows` names
+/// each level's updated row there (its table or an alias), `h` is the reservation, whose
+/// id and period columns are named as the ledger's. The single-request and the grouped
+/// settlement share it, so they cannot follow carries differently.
+pub(super) fn follow_columns(rows: [&str; 3]) -> [String; 3] {
+    std::array::from_fn(|i| {
+        let (_, id_col, period_col) = TABLES[i];
+        follow_sql(
+            LEVELS[i],
+            &format!("{}.period", rows[i]),
+            &format!("h.{id_col}"),
+            &format!("h.{period_col}"),
+        )
+    })
 }
 
 /// A level a settlement found in another period than its reservation's (`held`): its id
