@@ -147,6 +147,32 @@ pub(super) fn follow_columns(rows: [&str; 3]) -> [String; 3] {
     })
 }
 
+/// The statements that look a rollback's carries up by reason, for the check that the
+/// planner reads each level's through its partial index `ledger_carries_<level>` (migration
+/// 0018; `tests/api/pg_carry_index.rs`): a plan without it reads a level's whole history.
+/// Production code never calls it.
+#[doc(hidden)]
+pub fn carry_lookups() -> CarryLookups {
+    CarryLookups {
+        settle: cas::SETTLE.as_str(),
+        settle_many: group::SETTLE_MANY.as_str(),
+        carry_back: LEVELS.map(carry_back_sql),
+    }
+}
+
+/// What [`carry_lookups`] hands out, with each statement's parameters.
+#[doc(hidden)]
+pub struct CarryLookups {
+    /// The single settlement: `$1` request id, `$2` whether an orphaned one counts, `$3`
+    /// the cost, `$4` the time.
+    pub settle: &'static str,
+    /// The grouped settlement: `$1`–`$4` arrays of the same.
+    pub settle_many: &'static str,
+    /// Per level, in `LEVELS` order, a rollback's carry: `$1` the id, `$2` the period
+    /// carried into, `$3` the one carried from, `$4` the reason, `$5` the time.
+    pub carry_back: [String; 3],
+}
+
 /// A level a settlement found in another period than its reservation's (`held`): its id
 /// and the period it is in, as the settling statement returned them (under the row lock it
 /// took), and the refund.

@@ -356,7 +356,7 @@ pub async fn reserve_via(
 /// `$3` is the actual cost (≥ 0), `$4` the time. Its columns from the sixth on are what
 /// `follow_moved` reads: each level's period when it is no longer the reservation's, then
 /// the reservation's ids and periods, and the refund.
-static SETTLE: LazyLock<String> = LazyLock::new(|| {
+pub(super) static SETTLE: LazyLock<String> = LazyLock::new(|| {
     let [t, u, m] = follow_columns(["tokens", "users", "teams"]);
     format!(
         "WITH a AS (DELETE FROM reservations WHERE request_id = $1

@@ -81,7 +81,7 @@ pub enum Answer {
 /// each level's remaining balance after the whole statement, then what `cas::follow_moved`
 /// reads. Every level of a settled reservation is written (a release of 0 where nothing
 /// changes), so each has its row to report its period from.
-static SETTLE_MANY: LazyLock<String> = LazyLock::new(|| {
+pub(super) static SETTLE_MANY: LazyLock<String> = LazyLock::new(|| {
     let [t, u, m] = follow_columns(["t", "u", "m"]);
     format!(
         "WITH j AS (SELECT * FROM unnest($1::TEXT[], $2::BOOL[], $3::BIGINT[], $4::TEXT[])
