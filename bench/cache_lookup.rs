@@ -45,13 +45,13 @@ async fn main() -> anyhow::Result<()> {
         db.clone(),
         sluice::store::writer::Writer::start(&db),
     )?;
-    let headers = actix_web::http::header::HeaderMap::new();
+    let asked = sluice::cache::Asked::default();
     let now = chrono::Utc::now();
     let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": "Check the EGR valve first."}, "finish_reason": "stop"}]});
     let plan = |b: &serde_json::Map<String, serde_json::Value>| {
         cache
             .plan(
-                &headers,
+                &asked,
                 b,
                 WireFormat::OpenAi,
                 "gpt-4o-mini",

@@ -14,10 +14,7 @@ use crate::error::ApiError;
 pub use crate::config::MAX_CACHE_TTL_SECONDS as MAX_TTL_SECONDS;
 
 /// A request header as text, trimmed; one that is not visible ASCII is refused by name.
-pub(super) fn header<'h>(
-    headers: &'h HeaderMap,
-    name: &'static str,
-) -> Result<Option<&'h str>, ApiError> {
+fn header<'h>(headers: &'h HeaderMap, name: &'static str) -> Result<Option<&'h str>, ApiError> {
     match headers.get(name) {
         None => Ok(None),
         Some(v) => v
@@ -27,8 +24,44 @@ pub(super) fn header<'h>(
     }
 }
 
+/// What a request's headers ask of the cache, read and range-checked in stage 2 on every
+/// route, before the windows count the request: read when the cache was planned, a bad
+/// header took one of the windows' request slots and was named only on the two cached
+/// routes (s32 edge attack F4).
+#[derive(Debug, Default)]
+pub struct Asked<'h> {
+    /// `x-sluice-cache`: `on`, `off` or `refresh`.
+    pub(super) mode: Option<&'h str>,
+    /// `x-sluice-cache-ttl`, in range.
+    pub(super) ttl: Option<i64>,
+    /// `x-sluice-cache-tags`, in number and length.
+    pub(super) tags: Vec<&'h str>,
+    /// `anthropic-beta` (it changes what the model returns, so it is part of the key).
+    pub(super) beta: Option<&'h str>,
+}
+
+impl<'h> Asked<'h> {
+    pub fn read(headers: &'h HeaderMap) -> Result<Asked<'h>, ApiError> {
+        let mode = header(headers, "x-sluice-cache")?;
+        if !matches!(mode, None | Some("on" | "off" | "refresh")) {
+            return Err(ApiError::invalid(
+                "x-sluice-cache",
+                "x-sluice-cache must be on, off or refresh",
+            ));
+        }
+        Ok(Asked {
+            mode,
+            ttl: header(headers, "x-sluice-cache-ttl")?
+                .map(parse_ttl)
+                .transpose()?,
+            tags: parse_tags(header(headers, "x-sluice-cache-tags")?)?,
+            beta: header(headers, "anthropic-beta")?.filter(|b| !b.is_empty()),
+        })
+    }
+}
+
 /// `x-sluice-cache-ttl`: whole seconds, 1 to `MAX_TTL_SECONDS`.
-pub(super) fn parse_ttl(t: &str) -> Result<i64, ApiError> {
+fn parse_ttl(t: &str) -> Result<i64, ApiError> {
     t.parse::<i64>()
         .ok()
         .filter(|t| (1..=MAX_TTL_SECONDS).contains(t))
@@ -60,7 +93,7 @@ pub fn invalidation_tag(tag: &str) -> Result<&str, String> {
 
 /// `x-sluice-cache-tags: a,b`: at most `MAX_TAGS` tags of at most `MAX_TAG_LEN` bytes.
 /// Any other character is kept as it is (invalidation matches whole tags exactly).
-pub(super) fn parse_tags(header: Option<&str>) -> Result<Vec<&str>, ApiError> {
+fn parse_tags(header: Option<&str>) -> Result<Vec<&str>, ApiError> {
     let tags: Vec<&str> = header
         .map(|t| {
             t.split(',')

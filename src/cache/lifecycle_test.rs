@@ -9,7 +9,7 @@ use std::sync::Arc;
 use chrono::{Duration, Utc};
 use serde_json::{json, Value};
 
-use super::{prefix, Cache, Plan};
+use super::{prefix, Asked, Cache, Plan};
 use crate::config::{CacheSettings, UpstreamTimeouts};
 use crate::error::WireFormat;
 use crate::store::writer::Writer;
@@ -36,7 +36,7 @@ fn plan(c: &Cache, vin: &str) -> Plan {
         "messages": [{"role": "system", "content": "You diagnose cars."},
             {"role": "user", "content": text}]});
     c.plan(
-        &actix_web::http::header::HeaderMap::new(),
+        &Asked::default(),
         body.as_object().unwrap(),
         WireFormat::OpenAi,
         "gpt-4o-mini",
@@ -214,7 +214,7 @@ async fn content_named_by_its_url_is_cached_only_when_asked_for() {
         }
         let format = WireFormat::OpenAi;
         let plan = c.plan(
-            &headers,
+            &Asked::read(&headers).unwrap(),
             body.as_object().unwrap(),
             format,
             "m",

@@ -23,7 +23,6 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-use actix_web::http::header::HeaderMap;
 use chrono::{DateTime, Duration, Utc};
 use parking_lot::{Mutex, RwLock};
 use serde_json::Value;
@@ -35,8 +34,8 @@ use crate::store::writer::Writer;
 use crate::store::{self, StoreError};
 use crate::upstream::url_guard::SystemResolver;
 use embed::Embedder;
-use headers::{expiry, header, parse_tags, parse_ttl};
-pub use headers::{invalidation_tag, MAX_TAGS, MAX_TAG_LEN, MAX_TTL_SECONDS};
+use headers::expiry;
+pub use headers::{invalidation_tag, Asked, MAX_TAGS, MAX_TAG_LEN, MAX_TTL_SECONDS};
 use key::{Key, Keys};
 use memory::{Index, Lru};
 
@@ -191,7 +190,7 @@ impl Cache {
     #[allow(clippy::too_many_arguments)]
     pub fn plan(
         &self,
-        headers: &HeaderMap,
+        asked: &Asked<'_>,
         body: &serde_json::Map<String, Value>,
         format: WireFormat,
         model: &str,
@@ -200,20 +199,8 @@ impl Cache {
         model_threshold: Option<f64>,
         model_ignore_identifiers: Option<bool>,
     ) -> Result<Option<Plan>, ApiError> {
-        let asked = header(headers, "x-sluice-cache")?;
-        if !matches!(asked, None | Some("on" | "off" | "refresh")) {
-            return Err(ApiError::invalid(
-                "x-sluice-cache",
-                "x-sluice-cache must be on, off or refresh",
-            ));
-        }
-        // Checked whether or not the request is cacheable: a bad header is a bad request.
-        let asked_ttl = header(headers, "x-sluice-cache-ttl")?
-            .map(parse_ttl)
-            .transpose()?;
-        let tags = parse_tags(header(headers, "x-sluice-cache-tags")?)?;
         let deterministic = body.get("temperature").and_then(Value::as_f64) == Some(0.0);
-        let wanted = match (self.cfg.mode.as_str(), asked) {
+        let wanted = match (self.cfg.mode.as_str(), asked.mode) {
             ("off", _) | (_, Some("off")) => false,
             (_, Some("on" | "refresh")) => true,
             // Content named by its address is keyed by the address: the answer about
@@ -226,7 +213,7 @@ impl Cache {
         if !wanted || body.get("n").and_then(Value::as_i64).unwrap_or(1) > 1 {
             return Ok(None);
         }
-        let ttl = match asked_ttl {
+        let ttl = match asked.ttl {
             Some(t) => t,
             // A token's TTL (from the database) and the config's are held to the range
             // rather than refused: the client did not choose them.
@@ -242,9 +229,9 @@ impl Cache {
         };
         // A request header that changes the answer is part of the key: Anthropic's beta
         // features (forwarded to Anthropic upstreams) can change what the model returns.
-        let key_scope = match header(headers, "anthropic-beta")? {
-            Some(beta) if !beta.is_empty() => format!("{scope}\u{1f}anthropic-beta={beta}"),
-            _ => scope.clone(),
+        let key_scope = match asked.beta {
+            Some(beta) => format!("{scope}\u{1f}anthropic-beta={beta}"),
+            None => scope.clone(),
         };
         Ok(Some(Plan {
             keys: Arc::new(key::keys(
@@ -257,9 +244,9 @@ impl Cache {
             scope,
             model: model.to_string(),
             format,
-            refresh: asked == Some("refresh"),
+            refresh: asked.mode == Some("refresh"),
             ttl: Duration::seconds(ttl),
-            tags: format!(",{},", tags.join(",")),
+            tags: format!(",{},", asked.tags.join(",")),
             threshold: model_threshold.unwrap_or(self.cfg.similarity_threshold) as f32,
         }))
     }

@@ -303,6 +303,7 @@ async fn run(
     prepared.responses = conversation;
     log.trace.max_tokens(prepared.cap.map(|(_, cap)| cap));
     let asked = limits::client_headers(req.headers(), auth.max_priority)?;
+    let cache_asked = crate::cache::Asked::read(req.headers())?;
     let (all_tags, fixed_tags) = tags::resolve(req.headers(), &auth.tags, &auth.team_tags)?;
     (log.tags, log.fixed_tags) = (all_tags.canonical(), fixed_tags.canonical());
     prepared.anthropic_beta = providers::anthropic::beta_header(req.headers());
@@ -327,7 +328,7 @@ async fn run(
     // 4. Cache: a hit is answered at once and costs nothing.
     let deadline = respond::deadline(asked.deadline_ms, &state.settings.retry, started);
     let mut span = log.trace.stage("cache");
-    let mut plan = cache_plan(state, req, &prepared, &auth)?;
+    let mut plan = cache_plan(state, &cache_asked, &prepared, &auth)?;
     if let Some(plan) = &plan {
         log.cache = "miss";
         if !plan.refresh {
@@ -397,7 +398,7 @@ async fn run(
                     booking = rate_limit(state, &auth, &prepared, moved, &mut extras.rate).await?;
                 }
                 if plan.is_some() {
-                    plan = cache_plan(state, req, &prepared, &auth)?;
+                    plan = cache_plan(state, &cache_asked, &prepared, &auth)?;
                 }
                 state
                     .quota
@@ -585,7 +586,7 @@ pub(crate) fn account(
 /// stored, for the token `auth` acts as (its scope, its TTL).
 fn cache_plan(
     state: &AppState,
-    req: &HttpRequest,
+    asked: &crate::cache::Asked<'_>,
     prepared: &Prepared,
     auth: &TokenAuth,
 ) -> Result<Option<crate::cache::Plan>, ApiError> {
@@ -596,7 +597,7 @@ fn cache_plan(
         return Ok(None);
     }
     state.cache.plan(
-        req.headers(),
+        asked,
         &prepared.body,
         endpoint.format(),
         &prepared.model.name,

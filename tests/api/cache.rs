@@ -521,7 +521,7 @@ pub(crate) fn plan_of(
 ) -> sluice::cache::Plan {
     cache
         .plan(
-            &actix_web::http::header::HeaderMap::new(),
+            &sluice::cache::Asked::default(),
             body.as_object().unwrap(),
             sluice::error::WireFormat::OpenAi,
             "gpt-4o-mini",

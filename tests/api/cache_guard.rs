@@ -372,3 +372,54 @@ async fn a_huge_max_entries_evicts_nothing() {
     assert_eq!(app.state.cache.evict(chrono::Utc::now()).await.unwrap(), 0);
     assert_eq!(app.scalar("SELECT COUNT(*) FROM cache_entries").await, 1);
 }
+
+/// A bad cache header is named before the windows count the request, on every route: it
+/// was read after them (each bad request took one of the token's and the user's request
+/// slots, and at the limit the client got a 429 instead of the 400 naming the header) and
+/// only on the two cached routes (`x-sluice-cache-ttl: -5` on embeddings passed without a
+/// word) — s32 edge attack F4.
+#[tokio::test]
+async fn a_bad_cache_header_is_named_before_the_windows_count_it() {
+    let app = spawn_app().await;
+    let (_, token) = app
+        .issue(sluice::cli::IssueArgs {
+            rpm: Some(2),
+            ..issue_args("slots")
+        })
+        .await;
+    for bad in [
+        ("x-sluice-cache-ttl", "0"),
+        ("x-sluice-cache", "yes"),
+        ("x-sluice-cache-ttl", "-5"),
+    ] {
+        let r = send(
+            &app,
+            "/v1/chat/completions",
+            &token,
+            &question("Hi?"),
+            &[bad],
+        )
+        .await;
+        assert_eq!(r.status(), 400, "{bad:?}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["param"], bad.0, "{v}");
+    }
+    let embed = json!({"model": "text-embedding-3-small", "input": "hi"});
+    for (path, body) in [
+        ("/v1/embeddings", &embed),
+        (
+            "/v1/responses",
+            &json!({"model": "gpt-4o-mini", "input": "hi"}),
+        ),
+    ] {
+        let r = send(&app, path, &token, body, &[("x-sluice-cache-ttl", "-5")]).await;
+        assert_eq!(r.status(), 400, "{path}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["param"], "x-sluice-cache-ttl", "{path}: {v}");
+    }
+    // The window's two slots are still free.
+    for _ in 0..2 {
+        let r = app.chat(&token, &question("Hi?")).await;
+        assert_eq!(r.status(), 200);
+    }
+}
