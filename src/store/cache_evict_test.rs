@@ -63,3 +63,35 @@ async fn a_surplus_past_the_cap_is_evicted_in_chunks_to_the_cap() {
     // would show 1 300 and then 100 only.
     assert_eq!(seen, [1_300, 800, 300, 100]);
 }
+
+/// A write that fails after others were committed hands back the keys those deleted, so
+/// the cache's memory forgets them too; the rest is the next pass's. The error lost them
+/// until the next rebuild: keys in memory for rows gone (s31 final attack F3).
+#[tokio::test]
+async fn a_chunk_that_fails_keeps_the_keys_of_the_chunks_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&dir.path().join("fails.db"), false).await.unwrap();
+    sqlx::raw_sql(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1300)
+         INSERT INTO cache_entries (key, scope, model, format, answer, created_at, expires_at)
+         SELECT CAST(printf('%016d', i) AS BLOB), 'team:1', 'gpt-4o-mini', 'openai', '{}',
+                '2026-12-05T10:00:00.000000Z', '2999-01-01T00:00:00.000000Z'
+         FROM n;
+         -- The second write fails (a full disk, say): the first has taken the table to 800.
+         CREATE TRIGGER full BEFORE DELETE ON cache_entries
+         WHEN (SELECT COUNT(*) FROM cache_entries) <= 800
+         BEGIN SELECT RAISE(ABORT, 'disk full'); END;",
+    )
+    .execute(&db.sqlite().write)
+    .await
+    .unwrap();
+    let keys = evict_over_cap(&db, 100).await.unwrap();
+    assert_eq!(keys.len(), 500);
+    let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM cache_entries")
+        .fetch_one(&db.sqlite().read)
+        .await
+        .unwrap();
+    assert_eq!(left, 800);
+    // With nothing deleted yet, the failure is the caller's to see.
+    assert!(evict_over_cap(&db, 100).await.is_err());
+}
