@@ -28,9 +28,16 @@ pub enum Kind {
     Page,
 }
 
+/// Whether a request's path — the one actix routes, percent-decoded (`req.match_info()`),
+/// not the raw one — is the admin API's: judged by the raw path, `/admin/%61pi/v1/…` reached
+/// the API's handlers and was answered as pages and read as forms (s32 diff2 attack F2).
+pub fn is_api(routed: &str) -> bool {
+    routed.starts_with("/admin/api/")
+}
+
 impl Kind {
-    pub fn of(path: &str, headers: &header::HeaderMap) -> Kind {
-        if path.starts_with("/admin/api/") {
+    pub fn of(routed: &str, headers: &header::HeaderMap) -> Kind {
+        if is_api(routed) {
             Kind::Api
         } else if headers.get("hx-request").is_some_and(|v| v == "true") {
             Kind::Fragment
@@ -62,7 +69,7 @@ pub async fn guard(
     mut req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
-    let kind = Kind::of(req.path(), req.headers());
+    let kind = Kind::of(req.match_info().as_str(), req.headers());
     match admit(&mut req).await {
         Ok(actor) => {
             req.extensions_mut().insert(actor);
@@ -189,6 +196,9 @@ async fn form_field(req: &mut ServiceRequest, name: &str) -> Result<Option<Strin
         .find(|(k, _)| k == name)
         .map(|(_, v)| v.into_owned());
     req.set_payload(Payload::from(body));
+    // The body put back is the decoded one: its coding and length no longer describe it.
+    req.headers_mut().remove(header::CONTENT_ENCODING);
+    req.headers_mut().remove(header::CONTENT_LENGTH);
     Ok(value)
 }
 

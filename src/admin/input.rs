@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use actix_web::dev::Payload;
 use actix_web::error::PayloadError;
+use actix_web::http::header;
 use actix_web::{web, FromRequest, HttpRequest};
 use futures_util::Stream;
 use serde::de::DeserializeOwned;
@@ -43,7 +44,7 @@ impl<T: DeserializeOwned + 'static> FromRequest for Input<T> {
         let is_json = media
             .as_deref()
             .is_some_and(|m| m == "application/json" || m.ends_with("+json"));
-        let api = req.path().starts_with("/admin/api/");
+        let api = super::guard::is_api(req.match_info().as_str());
         let (req, payload) = (req.clone(), payload.take());
         Box::pin(async move {
             let body = read_body(payload, &req, MAX_BODY).await?;
@@ -121,6 +122,20 @@ where
         .app_data::<web::Data<AppState>>()
         .map(|state| Duration::from_secs(state.settings.server.body_timeout_seconds))
         .ok_or(AdminError::Internal)?;
+    // Decoded as actix's own body extractors decode it (gzip, deflate), the limit on the
+    // decoded bytes; any other coding is named, not read as garbage (s32 diff2 attack F3).
+    let coding = req
+        .headers()
+        .get(header::CONTENT_ENCODING)
+        .map(|v| v.to_str().unwrap_or_default().trim().to_ascii_lowercase());
+    if let Some(coding) =
+        coding.filter(|c| !matches!(c.as_str(), "identity" | "gzip" | "x-gzip" | "deflate"))
+    {
+        return Err(AdminError::Unsupported(format!(
+            "content-encoding `{coding}` is not read: send the body as gzip or uncompressed"
+        )));
+    }
+    let payload = actix_web::dev::Decompress::from_headers(payload, req.headers());
     crate::body::read(payload, req.headers(), limit, within)
         .await
         .map_err(|e| match e {
@@ -261,9 +276,9 @@ pub mod de {
         };
         match word.as_str() {
             "on" | "true" | "1" | "yes" => Ok(true),
-            // An empty field is a form's unchecked value.
-            "off" | "false" | "0" | "no" if v.is_string() => Ok(false),
-            "" if v.is_string() => Ok(false),
+            "off" | "false" | "0" | "no" => Ok(false),
+            // An empty value too (a script's unset variable enabled a member being
+            // disabled: s32 diff2 attack F1); no page sends one for a flag.
             _ => Err(E::custom(format!("`{v}` is not true or false"))),
         }
     }
@@ -285,13 +300,9 @@ pub mod de {
         opt_i64(d).map(Some)
     }
 
-    /// A boolean for edits: absent or null → unchanged; the last of repeated values wins.
+    /// A boolean for edits: absent or null → unchanged (a list of values is refused).
     pub fn opt_flag<'de, D: Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
-        let v = match Value::deserialize(d)? {
-            Value::Array(mut a) => a.pop().unwrap_or(Value::Null),
-            v => v,
-        };
-        match v {
+        match Value::deserialize(d)? {
             // A generated client writes every unset field as null: unchanged.
             Value::Null => Ok(None),
             v => boolean(v).map(Some),
@@ -316,7 +327,7 @@ pub mod de {
         if array && items.is_empty() {
             return Err(serde::de::Error::custom(
                 // The one list field (`models`); serde's message would not name it.
-                "models: an empty list names no model — leave it out (or null) for every model",
+                "an empty list names no model — leave it out (or null) for every model",
             ));
         }
         Ok((!items.is_empty()).then_some(items))

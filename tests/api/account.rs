@@ -385,7 +385,7 @@ async fn the_form_routes_refuse_credential_changes_to_an_api_key() {
         ),
         (&ops, vec![("password", new)]),
         (&ops, vec![("role", "admin")]),
-        (&ops, vec![("disabled", "")]),
+        (&ops, vec![("disabled", "false")]),
     ];
     for (path, form) in cases {
         let r = client()

@@ -229,3 +229,110 @@ async fn unparseable_query_and_path_values_answer_in_the_admin_format() {
         );
     }
 }
+
+/// An empty flag or a list of flags in JSON is refused, not read as `false` — a script
+/// with an unset variable (`{"disabled": "$DISABLE"}`) re-enabled the member it meant to
+/// keep disabled (s32 diff2 attack F1).
+#[tokio::test]
+async fn an_empty_or_list_flag_on_an_edit_is_refused() {
+    let app = spawn_app().await;
+    let (id, key) = member_and_key(&app).await;
+    let path = format!("/admin/api/v1/users/{id}");
+    let sql = format!("SELECT disabled FROM users WHERE id = {id}");
+    let json = "application/json";
+    let (status, _) = send(
+        &app,
+        &key,
+        Method::PATCH,
+        &path,
+        json,
+        r#"{"disabled": true}"#,
+    )
+    .await;
+    assert_eq!(status, 200);
+    for body in [
+        r#"{"disabled": ""}"#,
+        r#"{"disabled": " "}"#,
+        r#"{"disabled": []}"#,
+        r#"{"disabled": ["maybe", false]}"#,
+    ] {
+        let (status, v) = send(&app, &key, Method::PATCH, &path, json, body).await;
+        let said = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            status == 400 && said.contains("disabled"),
+            "{body}: {status} {v}"
+        );
+        assert_eq!(app.scalar(&sql).await, 1, "{body}");
+    }
+}
+
+/// The API is told by the path actix routes, percent-decoded: `/admin/%61pi/v1/…` reached
+/// the API's handler but was judged by its raw path — a JSON body sent as a form read as
+/// one of no field (200, nothing changed) and its errors answered as pages (s32 diff2
+/// attack F2). A gzip body is read as actix's extractor read it, and a field's name is
+/// said once (F3, F4).
+#[tokio::test]
+async fn the_api_is_told_by_its_routed_path_and_a_gzip_body_is_read() {
+    use std::io::Write;
+    let app = spawn_app().await;
+    let (id, key) = member_and_key(&app).await;
+    let encoded = format!("/admin/%61pi/v1/users/{id}");
+    let form = "application/x-www-form-urlencoded";
+    let (status, v) = send(
+        &app,
+        &key,
+        Method::PATCH,
+        &encoded,
+        form,
+        r#"{"disabled": true}"#,
+    )
+    .await;
+    assert_eq!(status, 415, "{v}");
+    assert!(v["error"]["message"].is_string(), "answered in JSON: {v}");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(br#"{"disabled": true}"#).unwrap();
+    let r = client()
+        .patch(format!("{}/admin/api/v1/users/{id}", app.address))
+        .bearer_auth(&key)
+        .header("content-type", "application/json")
+        .header("content-encoding", "gzip")
+        .body(gz.finish().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let disabled = app
+        .scalar(&format!("SELECT disabled FROM users WHERE id = {id}"))
+        .await;
+    assert_eq!(disabled, 1);
+    let r = client()
+        .patch(format!("{}/admin/api/v1/users/{id}", app.address))
+        .bearer_auth(&key)
+        .header("content-type", "application/json")
+        .header("content-encoding", "br")
+        .body(r#"{"disabled": false}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 415);
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("br"),
+        "{v}"
+    );
+    let (token_id, _) = app.token("carol", None).await;
+    let (status, v) = send(
+        &app,
+        &key,
+        Method::PATCH,
+        &format!("/admin/api/v1/tokens/{token_id}"),
+        "application/json",
+        r#"{"models": []}"#,
+    )
+    .await;
+    let said = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        status == 400 && said.starts_with("models: ") && !said.contains("models: models"),
+        "{v}"
+    );
+}
