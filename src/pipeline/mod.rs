@@ -854,7 +854,8 @@ fn show_counted(
     }
 }
 
-/// A non-streamed answer: price it from its usage, settle, answer with the upstream's bytes.
+/// A non-streamed answer: price it from its usage, settle, answer with the upstream's bytes
+/// — or, for one refused (`Success::refused`), with a 502 saying it was charged.
 #[allow(clippy::too_many_arguments)]
 async fn finish(
     state: &AppState,
@@ -866,7 +867,10 @@ async fn finish(
     mut booking: Option<Booking>,
     (plan, (drain, answered)): (Option<crate::cache::Plan>, (&Drain, &AtomicBool)),
 ) -> Result<HttpResponse, Failure> {
-    let plan = plan.filter(|_| s.as_planned(p));
+    // A refused answer (`Success::refused`) is charged its usage and answered 502: never
+    // relayed, stored or cached.
+    let refused = s.refused;
+    let plan = plan.filter(|_| !refused && s.as_planned(p));
     let reader = p.reader(&s.route, s.dep.provider);
     let estimate = p.estimated_input_on(s.route.image_rule, s.model.max_input_tokens, reader);
     let mut key_booking = s.key_booking;
@@ -875,6 +879,15 @@ async fn finish(
     let upstream = providers::format_of(s.dep.provider);
     kinds::served_tier(s.dep.provider, &s.dep.id, providers::tier::served(&answer));
     let (reported, read_as, body, to_keep) = match &p.responses {
+        // Read in the format it was refused in (`attempts::relayable`).
+        _ if refused => {
+            let read_as = match p.endpoint {
+                Endpoint::Responses => providers::responses_format(s.dep.provider),
+                _ => upstream,
+            };
+            let reported = providers::answer_usage(read_as, &answer);
+            (reported, read_as, bytes::Bytes::new(), None)
+        }
         Some(ctx) => {
             let (usage, read_as, body, response) =
                 responses::answer(p, ctx, s.dep.provider, (&answer, s.read.as_deref()));
@@ -913,7 +926,7 @@ async fn finish(
     };
     let partial = reported.input.is_none() || reported.output.is_none();
     let (body, to_keep) = match to_keep {
-        _ if !partial || read_as == client => (body, to_keep),
+        _ if refused || !partial || read_as == client => (body, to_keep),
         Some((ctx, mut response)) => {
             show_counted(client, &mut response, reported, usage);
             (
@@ -1005,8 +1018,15 @@ async fn finish(
     account(state, auth, settled.token_remaining, settled.absorbed);
     log.cost_micros = settled.charged + settled.absorbed;
     log.ttfb_ms = Some(s.ttfb_ms);
-    let mut resp = HttpResponse::Ok();
-    resp.content_type("application/json");
+    let (mut resp, body) = if refused {
+        let e = ApiError::AnswerRefused;
+        log.error_code = Some(e.code());
+        (e.builder(), bytes::Bytes::from(e.body(p.endpoint.format())))
+    } else {
+        let mut resp = HttpResponse::Ok();
+        resp.content_type("application/json");
+        (resp, body)
+    };
     respond::gateway_headers(
         &mut resp,
         &log.id,

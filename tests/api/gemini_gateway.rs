@@ -8,6 +8,8 @@ use sluice::config::{Provider, Secret, VertexSettings};
 use sluice::mock::{MockServer, Script};
 
 use crate::helpers::*;
+use crate::on_both_engines;
+use crate::pg_gateway_app::{spawn_app_on, Engine};
 
 const KEY_G: &str = "gem-key-g-0123456789";
 const KEY_H: &str = "gem-key-h-0123456789";
@@ -413,3 +415,197 @@ async fn an_answer_gemini_cannot_read_is_a_502_that_costs_nothing_and_is_not_cac
     assert_eq!(app.scalar("SELECT COUNT(*) FROM cache_entries").await, 0);
     app.assert_invariant().await;
 }
+
+/// An image model's answer: a line of text and an `inlineData` image, a part the internal
+/// form lacks, with the `usageMetadata` Gemini billed it at (none when `None`).
+fn drawn(usage: Option<Value>, text: bool) -> Script {
+    let mut parts = vec![json!({"inlineData": {"mimeType": "image/png", "data": "iVBORw0KGgo="}})];
+    if text {
+        parts.insert(0, json!({"text": "Here is your lighthouse."}));
+    }
+    let mut answer = json!({"candidates": [{"content": {"role": "model", "parts": parts},
+        "finishReason": "STOP", "index": 0}], "responseId": "r1", "modelVersion": "gem-upstream"});
+    if let Some(u) = usage {
+        answer["usageMetadata"] = u;
+    }
+    Script {
+        body: Some(answer),
+        ..Script::default()
+    }
+}
+
+/// What token `id` ($1) has spent so far.
+async fn spent(app: &TestApp, id: i64) -> i64 {
+    let sql = format!("SELECT remaining_micros FROM tokens WHERE id = {id}");
+    1_000_000 - app.scalar(&sql).await
+}
+
+/// A Gemini answer the gateway cannot pass on (an `inlineData` image) whose usage it can
+/// read was billed by Gemini: it is a 502 charged that usage at the route's prices, and not
+/// sent to another route or a fallback, which would bill it again (s27 translated money
+/// #6: it was a 502 that cost nothing and the next route was tried, every attempt billed
+/// upstream — a drawing model answered any token free, as often as it asked). A usage with
+/// one side is charged that side and the gateway's count of the other; a lying usage at
+/// most the reservation, the rest absorbed; an answer without a usage still costs nothing
+/// and the fallback serves; an OpenAI-compatible fallback's shapeless answer with a usage,
+/// after a first route's 500, and an Anthropic answer that is no message, are charged
+/// alike.
+async fn an_answer_refused_for_its_parts_still_pays_its_reported_usage(engine: Engine) {
+    let app = spawn_app_on(engine, |s, mock| {
+        s.breaker.failure_threshold = 1_000;
+        s.upstreams
+            .extend([gemini("g", KEY_G, mock), gemini("h", KEY_H, mock)]);
+        s.models.push(model("pool", &["g", "h"]));
+        let mut m = model("gem_or_mini", &["g"]);
+        m.fallbacks = vec!["gpt-4o-mini".into()];
+        s.models.push(m);
+        add_claude(s, mock);
+    })
+    .await;
+    let (id, token) = app.token("drawer", Some("1")).await;
+    let ask = |model: &str| {
+        json!({"model": model, "max_tokens": 2000,
+            "messages": [{"role": "user", "content": "Draw a lighthouse at dusk."}]})
+    };
+    // An image is 1290 output tokens on Gemini's image models.
+    let billed = json!({"promptTokenCount": 20, "candidatesTokenCount": 1290,
+        "totalTokenCount": 1310});
+    // 20 × 0.15 + 1290 × 0.60 micro-dollars, within the reservation (2000 output tokens).
+    const DRAWN: i64 = 777;
+
+    // Two routes of the model, both drawing: one attempt, charged, the other not tried.
+    for key in [KEY_G, KEY_H] {
+        app.mock
+            .state
+            .sticky(key, Some(drawn(Some(billed.clone()), true)));
+    }
+    let resp = app.chat(&token, &ask("pool")).await;
+    assert_eq!(resp.status(), 502);
+    assert_eq!(
+        resp.headers()
+            .get("x-sluice-budget-remaining-usd")
+            .map(|v| v.to_str().unwrap().to_string()),
+        Some("0.999223".to_string()),
+        "a billed 502 says the balance it left"
+    );
+    assert_eq!(resp.headers().get("x-should-retry").unwrap(), "false");
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "upstream_error", "{v}");
+    assert_eq!(v["error"]["type"], "server_error", "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("charged"),
+        "{v}"
+    );
+    let calls =
+        |app: &TestApp| app.mock.state.stats(KEY_G).count + app.mock.state.stats(KEY_H).count;
+    assert_eq!(calls(&app), 1, "a billed answer is not tried elsewhere");
+    assert_eq!(spent(&app, id).await, DRAWN);
+    for key in [KEY_G, KEY_H] {
+        app.mock.state.sticky(key, None);
+    }
+
+    // Through a model with a fallback, for an Anthropic client: the fallback is not tried.
+    let mini = app.mock.state.stats(KEY_A).count;
+    app.mock
+        .state
+        .script(KEY_G, [drawn(Some(billed.clone()), true)]);
+    let resp = app.messages(&token, &ask("gem_or_mini")).await;
+    assert_eq!(resp.status(), 502);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "api_error", "{v}");
+    assert_eq!(v["error"]["code"], "upstream_error", "{v}");
+    assert_eq!(app.mock.state.stats(KEY_A).count, mini, "no fallback");
+    assert_eq!(spent(&app, id).await, 2 * DRAWN);
+
+    // The input side alone: the image-only answer's output is the gateway's count of its
+    // text, none.
+    app.mock.state.script(
+        KEY_G,
+        [drawn(Some(json!({"promptTokenCount": 1000})), false)],
+    );
+    let resp = app.chat(&token, &ask("gem_or_mini")).await;
+    assert_eq!(resp.status(), 502);
+    assert_eq!(app.mock.state.stats(KEY_A).count, mini, "no fallback");
+    assert_eq!(spent(&app, id).await, 2 * DRAWN + 150);
+
+    // A lying usage: charged the reservation at most, the rest absorbed.
+    let before = spent(&app, id).await;
+    let huge = json!({"promptTokenCount": 1_000_000_000_000i64,
+        "candidatesTokenCount": 1_000_000_000_000i64});
+    app.mock.state.script(KEY_G, [drawn(Some(huge), true)]);
+    let resp = app.chat(&token, &ask("gem_or_mini")).await;
+    assert_eq!(resp.status(), 502);
+    let reserved = app
+        .scalar("SELECT amount_micros FROM ledger WHERE kind = 'reserve' ORDER BY id DESC LIMIT 1")
+        .await;
+    assert_eq!(spent(&app, id).await - before, reserved);
+    assert!(
+        app.scalar("SELECT COUNT(*) FROM ledger WHERE kind = 'absorbed'")
+            .await
+            > 0
+    );
+
+    // No usage to read: it costs nothing, and the fallback serves.
+    let before = spent(&app, id).await;
+    app.mock.state.script(KEY_G, [drawn(None, true)]);
+    let resp = app.chat(&token, &ask("gem_or_mini")).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(app.mock.state.stats(KEY_A).count, mini + 1);
+    app.wait_for_log_rows(5).await;
+    let served = app
+        .scalar("SELECT cost_micros FROM requests WHERE status = 200")
+        .await;
+    assert_eq!(spent(&app, id).await - before, served);
+
+    // The first route's 500 bills nothing; the OpenAI-compatible fallback's answer with no
+    // `choices` but a usage is refused and charged: 12 × 0.15 + 24 × 0.60 → 17.
+    let before = spent(&app, id).await;
+    app.mock.state.script(
+        KEY_G,
+        [Script {
+            status: Some(500),
+            ..Script::default()
+        }],
+    );
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            raw_body: Some(
+                r#"{"object": "chat.completion", "usage": {"prompt_tokens": 12, "completion_tokens": 24}}"#
+                    .into(),
+            ),
+            ..Script::default()
+        }],
+    );
+    let resp = app.chat(&token, &ask("gem_or_mini")).await;
+    assert_eq!(resp.status(), 502);
+    assert_eq!(app.mock.state.stats(KEY_A).count, mini + 2);
+    assert_eq!(spent(&app, id).await - before, 17);
+
+    // Anthropic's reader, translating for an OpenAI client: a `message` whose content is
+    // no list, with its usage, refused and charged alike.
+    let before = spent(&app, id).await;
+    app.mock.state.script(
+        KEY_B,
+        [Script {
+            raw_body: Some(
+                r#"{"type": "message", "content": 5, "usage": {"input_tokens": 12, "output_tokens": 24}}"#
+                    .into(),
+            ),
+            ..Script::default()
+        }],
+    );
+    let resp = app.chat(&token, &ask("claude")).await;
+    assert_eq!(resp.status(), 502);
+    assert_eq!(spent(&app, id).await - before, 17);
+
+    app.wait_for_log_rows(7).await;
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM requests WHERE status = 502 AND cost_micros > 0")
+            .await,
+        6,
+        "each billed refusal's row says its cost"
+    );
+    app.assert_invariant().await;
+}
+on_both_engines!(an_answer_refused_for_its_parts_still_pays_its_reported_usage);

@@ -361,22 +361,27 @@ async fn spawn_app_with_gemini() -> TestApp {
 /// responses attack F1: it was a 200 `completed` empty response, charged and stored, no
 /// other route tried): translated (a Gemini `inlineData` part the gateway does not model,
 /// a Gemini answer not in its shape) and native (an `openai` upstream's `/responses`
-/// answer that is no response object) — a 502 `upstream_error` in OpenAI's shape once
-/// every route failed, charged what the chat route's refusal is (nothing), nothing stored;
-/// and with a fallback configured, the fallback serves the answer.
+/// answer that is no response object) — a 502 `upstream_error` in OpenAI's shape, charged
+/// what the chat route's refusal is, nothing stored: the usage it reports when it reports
+/// one (billed upstream, s27 translated money #6), nothing when not. With a fallback
+/// configured, a refusal that reports its usage is not sent there (it would be billed
+/// twice); one that does not, the fallback serves.
 #[tokio::test]
 async fn an_answer_the_gateway_cannot_read_is_a_502_on_responses_too() {
     let app = spawn_app_with_gemini().await;
     let (token_id, token) = app.token("ola", Some("10")).await;
     let (chat_id, chat_token) = app.token("chat", Some("10")).await;
-    let usage = r#""usageMetadata": {"promptTokenCount": 12, "candidatesTokenCount": 24, "totalTokenCount": 36}"#;
-    let image = format!(
-        r#"{{"candidates": [{{"content": {{"role": "model", "parts": [{{"inlineData": {{"mimeType": "image/png", "data": "AA=="}}}}]}}, "finishReason": "STOP"}}], {usage}}}"#
-    );
-    let shapeless = format!(r#"{{"candidates": 5, {usage}}}"#);
+    let usage = r#", "usageMetadata": {"promptTokenCount": 12, "candidatesTokenCount": 24, "totalTokenCount": 36}"#;
+    let image = |usage: &str| {
+        format!(
+            r#"{{"candidates": [{{"content": {{"role": "model", "parts": [{{"inlineData": {{"mimeType": "image/png", "data": "AA=="}}}}]}}, "finishReason": "STOP"}}]{usage}}}"#
+        )
+    };
+    let shapeless = |usage: &str| format!(r#"{{"candidates": 5{usage}}}"#);
     let cases = [
-        (KEY_G, "gem", image.clone()),
-        (KEY_G, "gem", shapeless.clone()),
+        (KEY_G, "gem", image(usage)),
+        (KEY_G, "gem", shapeless(usage)),
+        (KEY_G, "gem", image("")),
         (KEY_A, "gpt-4o-mini", "{}".to_string()),
         (
             KEY_A,
@@ -407,10 +412,16 @@ async fn an_answer_the_gateway_cannot_read_is_a_502_on_responses_too() {
         app.rest_no_more(upstream_id);
     }
     assert_eq!(charged(&app, token_id).await, charged(&app, chat_id).await);
-    assert_eq!(charged(&app, token_id).await, 0);
+    assert_eq!(charged(&app, token_id).await, 2 * cost(12, 24));
     assert_eq!(app.scalar("SELECT COUNT(*) FROM stored_responses").await, 0);
-    // Another route configured: it serves the answer, charged and stored as its own.
-    for raw in [&image, &shapeless] {
+    // Another route configured: a refusal billed upstream is charged and goes no further;
+    // one that reports no usage is served by the fallback, charged and stored as its own.
+    for (raw, billed) in [
+        (image(usage), true),
+        (shapeless(usage), true),
+        (image(""), false),
+        (shapeless(""), false),
+    ] {
         let (fallback_id, fallback) = app.token(&format!("fb{}", raw.len()), Some("10")).await;
         app.mock.state.script(
             KEY_G,
@@ -422,17 +433,23 @@ async fn an_answer_the_gateway_cannot_read_is_a_502_on_responses_too() {
         let answered_by_a = app.mock.state.stats(KEY_A).count;
         let body = json!({"model": "gem_or_mini", "input": ASK});
         let (status, r) = create(&app, &fallback, &body).await;
+        assert_eq!(charged(&app, fallback_id).await, cost(12, 24), "{raw}");
+        app.rest_no_more("g");
+        if billed {
+            assert_eq!(status, 502, "{raw}: {r}");
+            assert_eq!(app.mock.state.stats(KEY_A).count, answered_by_a);
+            continue;
+        }
         assert_eq!(status, 200, "{raw}: {r}");
         assert_eq!(r["status"], "completed");
         assert_eq!(output_text(&r), sluice::mock::MockConfig::default().text);
         assert_eq!(app.mock.state.stats(KEY_A).count, answered_by_a + 1);
-        assert_eq!(charged(&app, fallback_id).await, cost(12, 24));
         let (status, stored) =
             crate::responses::get(&app, r["id"].as_str().unwrap(), &fallback).await;
         assert_eq!(status, 200);
         assert_eq!(stored, r);
-        app.rest_no_more("g");
     }
+    assert_eq!(app.scalar("SELECT COUNT(*) FROM stored_responses").await, 2);
     app.assert_invariant().await;
 }
 

@@ -85,6 +85,7 @@ async fn attempt(
         key_booking: None,
         dropped: Box::default(),
         permit: None,
+        refused: false,
     };
     if stream {
         return Ok(success(None, None, Some(resp)));
@@ -113,14 +114,23 @@ async fn attempt(
 }
 
 /// A served chat or Responses answer the gateway cannot relay (`providers::relayable`) is
-/// an attempt failure like a body that is not JSON: the next route is tried, and all
-/// failing is a 502 `upstream_error` that costs nothing (DESIGN "Bounds against a lying
+/// an attempt failure like a body that is not JSON (DESIGN "Bounds against a lying
 /// upstream"; s29 responses attack F1: a Responses answer was not judged, and one the
 /// gateway could not read was a charged and stored empty response). One well-formed but
 /// holding a part the gateway does not model is `Unsupported`: alike, but no failure of
 /// its key (`try_candidate`). A translated answer is kept as read (`Success::read`), for
 /// `convert_answer` or `responses::answer` to write: read once per request.
-fn relayable(p: &Prepared, mut s: Success) -> Result<Success, UpstreamError> {
+///
+/// A refused answer whose usage the gateway can read (a side of it reported,
+/// `providers::answer_usage`) was billed by its upstream: it comes back with the error,
+/// marked `refused`, to be charged that usage (`pipeline::finish`) instead of the next
+/// candidate being tried (s27 translated money #6: it cost nothing, and every route tried
+/// was billed). One without a readable usage fails alone: nothing says it was billed, and
+/// all failing is a 502 `upstream_error` that costs nothing.
+fn relayable(
+    p: &Prepared,
+    mut s: Success,
+) -> Result<Success, (UpstreamError, Option<Box<Success>>)> {
     let Some(answer) = s.answer.as_ref() else {
         return Ok(s);
     };
@@ -132,15 +142,29 @@ fn relayable(p: &Prepared, mut s: Success) -> Result<Success, UpstreamError> {
         Endpoint::Responses => (providers::responses_format(provider), Format::Responses),
         Endpoint::Completions | Endpoint::Embeddings => return Ok(s),
     };
-    match providers::relayable(upstream, client, answer) {
+    let why = match providers::relayable(upstream, client, answer) {
         Ok(read) => {
             s.read = read.map(Box::new);
-            Ok(s)
+            return Ok(s);
         }
-        Err(Corrupt::Unsupported) => Err(UpstreamError::Unsupported),
-        Err(_) => Err(UpstreamError::Garbage(
-            "answer is not one the gateway can read",
-        )),
+        Err(Corrupt::Unsupported) => UpstreamError::Unsupported,
+        Err(_) => UpstreamError::Garbage("answer is not one the gateway can read"),
+    };
+    let reported = providers::answer_usage(upstream, answer);
+    if reported.input.is_none() && reported.output.is_none() {
+        return Err((why, None));
+    }
+    s.refused = true;
+    Err((why, Some(Box::new(s))))
+}
+
+/// What follows a failed attempt that was neither the client's error nor the gateway's
+/// own shortage: the next candidate — unless the upstream billed an answer the gateway
+/// cannot relay (`relayable`), which is served as refused, to be settled.
+fn next(refused: Option<Box<Success>>) -> Step {
+    match refused {
+        Some(s) => Step::Served(*s),
+        None => Step::Next,
     }
 }
 
@@ -288,7 +312,7 @@ pub(super) async fn try_candidate(
             b.used(if on { p.input_tokens } else { 0 });
         }
     };
-    let err = match attempt(
+    let (err, mut refused) = match attempt(
         state,
         (c, dep),
         Some(url),
@@ -297,6 +321,7 @@ pub(super) async fn try_candidate(
         (started, deadline, sent_ms),
     )
     .await
+    .map_err(|e| (e, None))
     .and_then(|s| relayable(p, s))
     {
         Ok(mut s) => {
@@ -338,6 +363,13 @@ pub(super) async fn try_candidate(
     } else if reached {
         sent(run.billable);
     }
+    // A refused answer that was billed holds what the answer holds until it is settled:
+    // its key's window is corrected to its usage then, not to 0 here.
+    if let Some(s) = refused.as_mut() {
+        s.slot = slot;
+        s.key_booking = key_booking.take();
+        s.dropped = dropped.into_boxed_slice();
+    }
     if let Some(b) = key_booking.as_mut() {
         if !reached || tier != Tier::OutOfTime {
             b.used(0);
@@ -354,13 +386,13 @@ pub(super) async fn try_candidate(
         if matches!(tier, Tier::RateLimited | Tier::Overloaded) {
             run.overloaded.push(i);
         }
-        return Step::Next;
+        return next(refused);
     }
     // The upstream answered well; only the gateway cannot read its answer: nothing of the
     // key's health (s28 diff attack F1: three such answers by any token opened a shared key).
     if matches!(err, UpstreamError::Unsupported) {
         permit.abandon();
-        return Step::Next;
+        return next(refused);
     }
     let retry_after = match &err {
         UpstreamError::Status { retry_after, .. } => *retry_after,
@@ -394,6 +426,6 @@ pub(super) async fn try_candidate(
             providers::format_of(dep.provider),
             p.endpoint.format(),
         )),
-        _ => Step::Next,
+        _ => next(refused),
     }
 }

@@ -79,6 +79,11 @@ pub struct Success {
     /// A stream's breaker permit, reported when the stream ends (`stream_ended`); a
     /// non-streamed answer's success is reported at once.
     pub permit: Option<Permit>,
+    /// A non-streamed answer the gateway cannot relay (`attempt::relayable`) whose usage
+    /// it can read: the upstream billed it, so it is settled at that usage and answered
+    /// 502 `AnswerRefused` (`pipeline::finish`), never relayed, cached or stored — and no
+    /// other candidate is tried, which would bill it again (s27 translated money #6).
+    pub refused: bool,
 }
 
 impl Success {
