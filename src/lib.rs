@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod api;
 pub mod auth;
+pub mod body;
 pub mod cache;
 pub mod cli;
 pub mod client_addr;

@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use super::actor::Actor;
 use super::error::AdminError;
 use super::input::Input;
+use super::input::Query;
 use super::reports::{self, ReportQuery};
 use super::requests::{self, RequestQuery};
 use super::token_ops::{self, Edit, Issue, Issued, Rotate, TopUp};
@@ -103,7 +104,7 @@ struct TeamFilter {
     team: Option<i64>,
 }
 
-async fn users_list(actor: Actor, state: web::Data<AppState>, q: web::Query<TeamFilter>) -> Res {
+async fn users_list(actor: Actor, state: web::Data<AppState>, q: Query<TeamFilter>) -> Res {
     ok(json!({
         "members": users::members(&state, &actor, q.team).await?,
         "logins": users::logins(&state, &actor).await?,
@@ -152,7 +153,7 @@ fn token_json(t: &crate::store::token_admin::TokenRow) -> serde_json::Value {
     v
 }
 
-async fn tokens_list(actor: Actor, state: web::Data<AppState>, q: web::Query<UserFilter>) -> Res {
+async fn tokens_list(actor: Actor, state: web::Data<AppState>, q: Query<UserFilter>) -> Res {
     let listed = token_ops::list(&state, &actor, q.user).await?;
     ok(
         json!({"tokens": listed.rows.iter().map(token_json).collect::<Vec<_>>(), "more": listed.more}),
@@ -214,7 +215,7 @@ struct SpendQuery {
     format: Option<String>,
 }
 
-async fn spend(actor: Actor, state: web::Data<AppState>, q: web::Query<SpendQuery>) -> Res {
+async fn spend(actor: Actor, state: web::Data<AppState>, q: Query<SpendQuery>) -> Res {
     let r = reports::report(&state, &actor, &q.q).await?;
     match q.format.as_deref() {
         Some("csv") => Ok(reports::csv_response(&r)),
@@ -242,20 +243,12 @@ async fn forecast(actor: Actor, state: web::Data<AppState>) -> Res {
     ok(json!({"as_of": now.date_naive().to_string(), "budgets": budgets}))
 }
 
-async fn requests_list(
-    actor: Actor,
-    state: web::Data<AppState>,
-    q: web::Query<RequestQuery>,
-) -> Res {
+async fn requests_list(actor: Actor, state: web::Data<AppState>, q: Query<RequestQuery>) -> Res {
     let f = requests::search(&state, &actor, &q).await?;
     ok(json!({"requests": f.rows, "page": f.page, "more": f.more}))
 }
 
-async fn audit_list(
-    actor: Actor,
-    state: web::Data<AppState>,
-    q: web::Query<audit::AuditQuery>,
-) -> Res {
+async fn audit_list(actor: Actor, state: web::Data<AppState>, q: Query<audit::AuditQuery>) -> Res {
     let (rows, page, more) = audit::search(&state, &actor, &q).await?;
     ok(json!({"audit": rows, "page": page, "more": more}))
 }

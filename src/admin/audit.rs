@@ -9,6 +9,7 @@ use serde::Deserialize;
 use super::actor::Actor;
 use super::error::{escape, AdminError};
 use super::input::de;
+use super::input::Query;
 use super::view::{self, filters, Chrome};
 use crate::ops::audit_head;
 use crate::state::AppState;
@@ -89,7 +90,7 @@ pub async fn page(
     actor: Actor,
     state: web::Data<AppState>,
     req: HttpRequest,
-    q: web::Query<AuditQuery>,
+    q: Query<AuditQuery>,
 ) -> Result<HttpResponse, AdminError> {
     let q = q.into_inner();
     let (rows, page, more) = search(&state, &actor, &q).await?;

@@ -30,6 +30,9 @@ pub enum AdminError {
     Busy { retry_after: u64 },
     #[error("The request was too large.")]
     TooLarge,
+    /// A body in a type the route does not read.
+    #[error("{0}")]
+    Unsupported(String),
     #[error("The admin surface hit an internal error; nothing was changed.")]
     Internal,
 }
@@ -53,6 +56,7 @@ impl AdminError {
             AdminError::Throttled { .. } => "too_many_attempts",
             AdminError::Busy { .. } => "busy",
             AdminError::TooLarge => "request_too_large",
+            AdminError::Unsupported(_) => "unsupported_media_type",
             AdminError::Internal => "internal_error",
         }
     }
@@ -123,6 +127,7 @@ impl ResponseError for AdminError {
             AdminError::Conflict(_) => StatusCode::CONFLICT,
             AdminError::Throttled { .. } | AdminError::Busy { .. } => StatusCode::TOO_MANY_REQUESTS,
             AdminError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            AdminError::Unsupported(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             AdminError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

@@ -13,8 +13,6 @@ use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::Method;
 use actix_web::middleware::Next;
 use actix_web::{web, HttpMessage, HttpResponse};
-use bytes::{Bytes, BytesMut};
-use futures_util::StreamExt;
 
 use super::actor::{Actor, Via};
 use super::error::AdminError;
@@ -185,16 +183,8 @@ async fn form_field(req: &mut ServiceRequest, name: &str) -> Result<Option<Strin
     if !is_form {
         return Ok(None);
     }
-    let mut payload = req.take_payload();
-    let mut body = BytesMut::new();
-    while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|_| AdminError::invalid("unreadable request body"))?;
-        if body.len() + chunk.len() > MAX_FORM {
-            return Err(AdminError::TooLarge);
-        }
-        body.extend_from_slice(&chunk);
-    }
-    let body: Bytes = body.freeze();
+    let payload = req.take_payload();
+    let body = super::input::read_body(payload, req.request(), MAX_FORM).await?;
     let value = url::form_urlencoded::parse(&body)
         .find(|(k, _)| k == name)
         .map(|(_, v)| v.into_owned());

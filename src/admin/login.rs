@@ -98,11 +98,19 @@ pub async fn form(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse 
     resp
 }
 
+/// The most a sign-in form's body may be: its fields are a name, a password and the CSRF
+/// token, a few hundred bytes; anyone can post it, so little is read.
+const MAX_SIGN_IN: usize = 16 * 1024;
+
 pub async fn submit(
     req: HttpRequest,
     state: web::Data<AppState>,
-    body: web::Bytes,
+    payload: web::Payload,
 ) -> HttpResponse {
+    let body = match super::input::read_body(payload, &req, MAX_SIGN_IN).await {
+        Ok(body) => body,
+        Err(e) => return with_headers(e.page()),
+    };
     let secure = session::secure(&state.settings.server.public_url);
     let pre = req
         .cookie(session::login_cookie_name(secure))

@@ -44,6 +44,13 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(
             web::scope("/admin")
                 .wrap(from_fn(guard::guard))
+                // A path value that cannot be read (`/teams/abc`) is the admin's 400 in the
+                // caller's format, naming it — actix's own was a plain-text 404 (s32 edge
+                // attack F3).
+                .app_data(
+                    web::PathConfig::default()
+                        .error_handler(|e, _| AdminError::invalid(format!("path: {e}")).into()),
+                )
                 .configure(api::configure)
                 .route("", web::get().to(redirect_home))
                 .route("/", web::get().to(dashboard::page))

@@ -15,6 +15,7 @@ use serde::Deserialize;
 use super::actor::Actor;
 use super::error::AdminError;
 use super::input::de;
+use super::input::Query;
 use super::view::{self, filters, Chrome};
 use crate::quota::pricing;
 use crate::state::AppState;
@@ -418,7 +419,7 @@ pub async fn page(
     actor: Actor,
     state: web::Data<AppState>,
     req: HttpRequest,
-    q: web::Query<ReportQuery>,
+    q: Query<ReportQuery>,
 ) -> Result<HttpResponse, AdminError> {
     let q = q.into_inner();
     let r = report(&state, &actor, &q).await?;
@@ -455,7 +456,7 @@ pub fn csv_response(r: &Report) -> HttpResponse {
 pub async fn csv(
     actor: Actor,
     state: web::Data<AppState>,
-    q: web::Query<ReportQuery>,
+    q: Query<ReportQuery>,
 ) -> Result<HttpResponse, AdminError> {
     Ok(csv_response(&report(&state, &actor, &q).await?))
 }

@@ -9,6 +9,7 @@ use serde::Deserialize;
 use super::actor::Actor;
 use super::error::AdminError;
 use super::input::de;
+use super::input::Query;
 use super::view::{self, filters, Chrome};
 use crate::state::AppState;
 use crate::store::directory::{self, MemberRow, TeamRow};
@@ -152,7 +153,7 @@ pub async fn page(
     actor: Actor,
     state: web::Data<AppState>,
     req: HttpRequest,
-    q: web::Query<RequestQuery>,
+    q: Query<RequestQuery>,
 ) -> Result<HttpResponse, AdminError> {
     let q = q.into_inner();
     let f = search(&state, &actor, &q).await?;

@@ -7,6 +7,7 @@ use serde::Deserialize;
 
 use super::actor::Actor;
 use super::error::AdminError;
+use super::input::Query;
 use super::input::{de, Input};
 use super::token_ops::{self, Edit, Issue, Issued, Rotate, TopUp};
 use super::view::{self, filters, Chrome};
@@ -79,7 +80,7 @@ async fn table(state: &AppState, actor: &Actor, oob: bool) -> Result<TokensTable
 pub async fn page(
     actor: Actor,
     state: web::Data<AppState>,
-    q: web::Query<TokensQuery>,
+    q: Query<TokensQuery>,
 ) -> Result<HttpResponse, AdminError> {
     let members = directory::members(&state.db, actor.scope()).await?;
     let listed = token_ops::list(&state, &actor, q.user).await?;

@@ -7,6 +7,7 @@ use serde::Deserialize;
 
 use super::actor::Actor;
 use super::error::AdminError;
+use super::input::Query;
 use super::input::{de, Input};
 use super::user_ops::{self, Created, LoginPatch, MemberPatch, NewUser};
 use super::view::{self, filters, Chrome};
@@ -66,7 +67,7 @@ async fn tables(
 pub async fn page(
     actor: Actor,
     state: web::Data<AppState>,
-    q: web::Query<UsersQuery>,
+    q: Query<UsersQuery>,
 ) -> Result<HttpResponse, AdminError> {
     let t = tables(&state, &actor, q.team).await?;
     view::html(&UsersPage {

@@ -24,9 +24,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use futures_util::StreamExt;
 
 use crate::auth::TokenAuth;
+use crate::body::BodyError;
 use crate::clock::db_time;
 use crate::config::{Ladder, Provider};
 use crate::endpoint::Endpoint;
@@ -232,56 +232,30 @@ impl From<QuotaError> for ApiError {
     }
 }
 
-/// The most of a declared `Content-Length` reserved before its bytes arrive: a typical
-/// body in one allocation, while a client declaring the limit and sending nothing holds no
-/// more than this.
-const BODY_PREALLOC: usize = 64 * 1024;
-
 /// Reads a request body up to `server.max_body_bytes`, the whole of it within
-/// `server.body_timeout_seconds`; every failure (too large, cut, too slow, a bad
-/// `content-encoding`) becomes an `ApiError` the route renders in its format. The body
-/// comes before any window or queue counts the request: unbounded, a token holder could
-/// hold connections and their buffers for ever (s30 streams attack F2).
+/// `server.body_timeout_seconds` (`body::read`); every failure (too large, cut, too slow, a
+/// bad `content-encoding`) becomes an `ApiError` the route renders in its format. The body
+/// comes before any window or queue counts the request.
 pub(crate) async fn read_body(
     payload: web::Payload,
     req: &HttpRequest,
     server: &crate::config::ServerSettings,
 ) -> Result<web::Bytes, ApiError> {
     let limit = server.max_body_bytes;
-    let declared = req
-        .headers()
-        .get("content-length")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|l| l > limit) {
-        return Err(ApiError::RequestTooLarge(limit));
-    }
-    let mut body = web::BytesMut::with_capacity(declared.unwrap_or(1024).min(BODY_PREALLOC));
-    let mut payload = payload;
     let within = std::time::Duration::from_secs(server.body_timeout_seconds);
-    let read = async {
-        while let Some(chunk) = payload.next().await {
-            let chunk = chunk.map_err(|_| ApiError::InvalidRequest {
+    crate::body::read(payload, req.headers(), limit, within)
+        .await
+        .map_err(|e| match e {
+            BodyError::TooLarge(limit) => ApiError::RequestTooLarge(limit),
+            BodyError::Unreadable => ApiError::InvalidRequest {
                 message: "The request body could not be read.".into(),
                 param: None,
-            })?;
-            if body.len() + chunk.len() > limit {
-                return Err(ApiError::RequestTooLarge(limit));
-            }
-            body.extend_from_slice(&chunk);
-        }
-        Ok(())
-    };
-    match tokio::time::timeout(within, read).await {
-        Ok(read) => read.map(|()| body.freeze()),
-        Err(_) => Err(ApiError::InvalidRequest {
-            message: format!(
-                "The request body did not arrive in time (the gateway waits {} s for the whole body).",
-                within.as_secs()
-            ),
-            param: None,
-        }),
-    }
+            },
+            BodyError::TooSlow(within) => ApiError::InvalidRequest {
+                message: BodyError::too_slow_message(within),
+                param: None,
+            },
+        })
 }
 
 /// Who the request's row is logged for: the owner `auth` acts as, and the token presented.

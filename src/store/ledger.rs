@@ -41,6 +41,8 @@ use super::{Result, StoreError};
 use crate::clock::db_time;
 use crate::quota::period::Reset;
 
+#[cfg(test)]
+mod carry_index_test;
 mod cas;
 pub use cas::{release_via, reserve_tx, reserve_via, settle_tx, settle_via};
 

@@ -33,6 +33,8 @@ pub mod tokens;
 pub mod writer;
 
 #[cfg(test)]
+mod cache_evict_test;
+#[cfg(test)]
 mod cache_ids_test;
 #[cfg(test)]
 mod tx_test;

@@ -74,21 +74,10 @@ async fn an_exact_repeat_is_a_free_hit_and_logged_as_one() {
 async fn a_near_duplicate_is_a_semantic_hit_but_not_across_teams() {
     let app = spawn_app().await;
     let (_, token) = app.token("bob", None).await;
-    sluice::cli::team_create(app.db(), "other", None, chrono::Utc::now())
+    let other_team = app
+        .token_in_team("other", None, issue_args("carol"), None)
         .await
-        .unwrap();
-    let args = sluice::cli::UserArgs {
-        username: "carol",
-        team: Some("other"),
-        rpm: None,
-        tpm: None,
-        budget_usd: None,
-        reset: None,
-    };
-    sluice::cli::user_create(app.db(), &args, chrono::Utc::now())
-        .await
-        .unwrap();
-    let (_, other_team) = app.token("carol", None).await;
+        .text;
     ask(&app, &token, &question("WVWZZZ1JZXW000001")).await;
     app.wait_for_cache_entries(1).await;
     let (kind, _) = ask(&app, &token, &reworded("WVWZZZ1JZXW000001")).await;
@@ -922,21 +911,10 @@ async fn a_huge_embedding_is_refused_and_costs_a_miss() {
 async fn one_scope_cannot_evict_another_scopes_entries(engine: crate::pg_gateway_app::Engine) {
     let app = crate::pg_gateway_app::spawn_app_on(engine, |s, _| s.cache.max_entries = 10).await;
     let (_, team_a) = app.token("alice", None).await;
-    sluice::cli::team_create(app.db(), "flooding", None, chrono::Utc::now())
-        .await
-        .unwrap();
-    let args = sluice::cli::UserArgs {
-        username: "mallory",
-        team: Some("flooding"),
-        rpm: None,
-        tpm: None,
-        budget_usd: None,
-        reset: None,
-    };
-    sluice::cli::user_create(app.db(), &args, chrono::Utc::now())
-        .await
-        .unwrap();
-    let (_, team_b) = app.token("mallory", None).await;
+    let flooding = app
+        .token_in_team("flooding", None, issue_args("mallory"), None)
+        .await;
+    let team_b = flooding.text;
     let kept = question("WVWZZZ1JZXW000001");
     assert_eq!(ask(&app, &team_a, &kept).await.0, "miss");
     app.wait_for_cache_entries(1).await;
@@ -952,12 +930,10 @@ async fn one_scope_cannot_evict_another_scopes_entries(engine: crate::pg_gateway
         "down to the cap"
     );
     assert_eq!(ask(&app, &team_a, &kept).await.0, "hit-exact");
-    let flooding = app
-        .scalar("SELECT id FROM teams WHERE name = 'flooding'")
-        .await;
     assert_eq!(
         app.scalar(&format!(
-            "SELECT COUNT(*) FROM cache_entries WHERE scope = 'team:{flooding}'"
+            "SELECT COUNT(*) FROM cache_entries WHERE scope = 'team:{}'",
+            flooding.team_id
         ))
         .await,
         9,

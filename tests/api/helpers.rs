@@ -212,6 +212,12 @@ pub fn issue_args(user: &str) -> IssueArgs<'_> {
     }
 }
 
+/// What [`TestApp::token_in_team`] made: the team's id and the token's text.
+pub struct InTeam {
+    pub team_id: i64,
+    pub text: String,
+}
+
 impl TestApp {
     pub fn db(&self) -> &Db {
         &self.state.db
@@ -231,6 +237,40 @@ impl TestApp {
             ..issue_args(user)
         })
         .await
+    }
+
+    /// A new team (with `team_tags`), a user of it named `token.user` and a token of
+    /// theirs (with `token_tags`): the "someone in another team" every cross-tenant test
+    /// needs, written once.
+    pub async fn token_in_team(
+        &self,
+        team: &str,
+        team_tags: Option<&str>,
+        token: IssueArgs<'_>,
+        token_tags: Option<&str>,
+    ) -> InTeam {
+        let now = chrono::Utc::now();
+        let team_id = cli::team_create_tagged(self.db(), team, None, team_tags, now)
+            .await
+            .expect("team created");
+        let user = cli::UserArgs {
+            username: token.user,
+            team: Some(team),
+            rpm: None,
+            tpm: None,
+            budget_usd: None,
+            reset: None,
+        };
+        cli::user_create(self.db(), &user, now)
+            .await
+            .expect("user created");
+        let issued = cli::token_issue_tagged(self.db(), &token, token_tags, now)
+            .await
+            .expect("token issued");
+        InTeam {
+            team_id,
+            text: issued.text,
+        }
     }
 
     pub async fn post(&self, path: &str, token: &str, body: &Value) -> reqwest::Response {

@@ -11,6 +11,7 @@ mod oidc_issuer;
 
 mod account;
 mod admin;
+mod admin_edge;
 mod admin_reports;
 mod admin_roles;
 mod audit_replay;
@@ -55,6 +56,7 @@ mod operations;
 mod pg_admin;
 mod pg_admin_attack;
 mod pg_admin_hosts;
+mod pg_carry_index;
 mod pg_cli;
 mod pg_cli_migrate;
 mod pg_clock_skew;

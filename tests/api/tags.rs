@@ -110,28 +110,18 @@ async fn row_tags(app: &TestApp, n: i64) -> String {
 #[tokio::test]
 async fn the_header_adds_keys_and_the_token_wins_over_the_team() {
     let app = spawn_app().await;
-    let now = chrono::Utc::now();
-    sluice::cli::team_create_tagged(app.db(), "core", None, Some("env:dev,cc:4711"), now)
-        .await
-        .unwrap();
-    let user = sluice::cli::UserArgs {
-        username: "ana",
-        team: Some("core"),
-        rpm: None,
-        tpm: None,
-        budget_usd: None,
-        reset: None,
-    };
-    sluice::cli::user_create(app.db(), &user, now)
-        .await
-        .unwrap();
     let args = IssueArgs {
         budget_usd: Some("1"),
         ..issue_args("ana")
     };
-    let t = sluice::cli::token_issue_tagged(app.db(), &args, Some("env:prod,owner:ana"), now)
-        .await
-        .unwrap();
+    let t = app
+        .token_in_team(
+            "core",
+            Some("env:dev,cc:4711"),
+            args,
+            Some("env:prod,owner:ana"),
+        )
+        .await;
     let r = tagged(
         &app,
         "/v1/chat/completions",
@@ -150,7 +140,7 @@ async fn the_header_adds_keys_and_the_token_wins_over_the_team() {
     assert_eq!(row_tags(&app, 3).await, "cc:4711,env:prod,owner:ana");
 
     // A team edit reaches the cached auth record within a second or so.
-    sluice::cli::team_edit_tags(app.db(), "core", "cc:9000", now)
+    sluice::cli::team_edit_tags(app.db(), "core", "cc:9000", chrono::Utc::now())
         .await
         .unwrap();
     let mut seen = String::new();
@@ -442,28 +432,13 @@ async fn the_admin_pages_set_default_tags_and_the_reports_page_groups_by_them() 
 #[tokio::test]
 async fn the_header_cannot_move_spend_off_the_admins_tags() {
     let app = spawn_app_with_claude().await;
-    let now = chrono::Utc::now();
-    sluice::cli::team_create_tagged(app.db(), "core", None, Some("cc:4711"), now)
-        .await
-        .unwrap();
-    let user = sluice::cli::UserArgs {
-        username: "ana",
-        team: Some("core"),
-        rpm: None,
-        tpm: None,
-        budget_usd: None,
-        reset: None,
-    };
-    sluice::cli::user_create(app.db(), &user, now)
-        .await
-        .unwrap();
     let args = IssueArgs {
         budget_usd: Some("1"),
         ..issue_args("ana")
     };
-    let t = sluice::cli::token_issue_tagged(app.db(), &args, Some("env:prod"), now)
-        .await
-        .unwrap();
+    let t = app
+        .token_in_team("core", Some("cc:4711"), args, Some("env:prod"))
+        .await;
     let anthropic = json!({"model": "claude", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]});
     for (header, key) in [("cc:9999", "cc"), ("env:test,proj:x", "env")] {
         let r = tagged(

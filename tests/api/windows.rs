@@ -193,26 +193,18 @@ async fn one_exhausted_token_leaves_the_others_alone() {
             ..issue_args("dan")
         })
         .await;
-    sluice::cli::team_create(app.db(), "other", None, chrono::Utc::now())
+    let c = app
+        .token_in_team(
+            "other",
+            None,
+            sluice::cli::IssueArgs {
+                rpm: Some(3),
+                ..issue_args("eve")
+            },
+            None,
+        )
         .await
-        .unwrap();
-    let args = sluice::cli::UserArgs {
-        username: "eve",
-        team: Some("other"),
-        rpm: None,
-        tpm: None,
-        budget_usd: None,
-        reset: None,
-    };
-    sluice::cli::user_create(app.db(), &args, chrono::Utc::now())
-        .await
-        .unwrap();
-    let (_, c) = app
-        .issue(sluice::cli::IssueArgs {
-            rpm: Some(3),
-            ..issue_args("eve")
-        })
-        .await;
+        .text;
     for _ in 0..10 {
         app.chat(&a, &chat_body(5)).await;
     }

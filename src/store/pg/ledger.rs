@@ -121,7 +121,7 @@ fn carry_back_sql(level: Level) -> String {
 /// reservation's (`held`), or a carry of `held`'s spend exists — a wrong clock's period the
 /// level came back into (s31 recarry2 attack F1), with a limit or not (s31 final attack
 /// F1). One probe of the level's partial index, which holds nothing but adjustments.
-pub(super) fn follow_sql(level: Level, at: &str, id: &str, held: &str) -> String {
+fn follow_sql(level: Level, at: &str, id: &str, held: &str) -> String {
     let id_col = TABLES[idx(level)].1;
     let (before, after) = CARRY_REASON;
     format!(
@@ -129,6 +129,48 @@ pub(super) fn follow_sql(level: Level, at: &str, id: &str, held: &str) -> String
             WHERE c.kind = 'adjust' AND c.reason = '{before}' || {held} || '{after}' AND c.{id_col} = {id}))
          THEN {at} END"
     )
+}
+
+/// `follow_sql` for each level of a settling statement, in `LEVELS` order: `rows` names
+/// each level's updated row there (its table or an alias), `h` is the reservation, whose
+/// id and period columns are named as the ledger's. The single-request and the grouped
+/// settlement share it, so they cannot follow carries differently.
+pub(super) fn follow_columns(rows: [&str; 3]) -> [String; 3] {
+    std::array::from_fn(|i| {
+        let (_, id_col, period_col) = TABLES[i];
+        follow_sql(
+            LEVELS[i],
+            &format!("{}.period", rows[i]),
+            &format!("h.{id_col}"),
+            &format!("h.{period_col}"),
+        )
+    })
+}
+
+/// The statements that look a rollback's carries up by reason, for the check that the
+/// planner reads each level's through its partial index `ledger_carries_<level>` (migration
+/// 0018; `tests/api/pg_carry_index.rs`): a plan without it reads a level's whole history.
+/// Production code never calls it.
+#[doc(hidden)]
+pub fn carry_lookups() -> CarryLookups {
+    CarryLookups {
+        settle: cas::SETTLE.as_str(),
+        settle_many: group::SETTLE_MANY.as_str(),
+        carry_back: LEVELS.map(carry_back_sql),
+    }
+}
+
+/// What [`carry_lookups`] hands out, with each statement's parameters.
+#[doc(hidden)]
+pub struct CarryLookups {
+    /// The single settlement: `$1` request id, `$2` whether an orphaned one counts, `$3`
+    /// the cost, `$4` the time.
+    pub settle: &'static str,
+    /// The grouped settlement: `$1`–`$4` arrays of the same.
+    pub settle_many: &'static str,
+    /// Per level, in `LEVELS` order, a rollback's carry: `$1` the id, `$2` the period
+    /// carried into, `$3` the one carried from, `$4` the reason, `$5` the time.
+    pub carry_back: [String; 3],
 }
 
 /// A level a settlement found in another period than its reservation's (`held`): its id

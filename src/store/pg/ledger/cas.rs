@@ -10,13 +10,11 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 
 use super::group::{Answer, Part};
-use super::{follow_sql, id_of, idx, owner_locks, recarry, rollover, tighter, Moved};
+use super::{follow_columns, id_of, idx, owner_locks, recarry, rollover, tighter, Moved};
 use crate::clock::{db_time, Clock};
 use crate::quota::period::Reset;
 use crate::store::audit::AuditKeys;
-use crate::store::ledger::{
-    Level, OwnedReserve, Refusal, Reservation, ReserveRequest, Settled, LEVELS,
-};
+use crate::store::ledger::{OwnedReserve, Refusal, Reservation, ReserveRequest, Settled, LEVELS};
 use crate::store::pg::writer::{lock_rows, Group, Locks, Writer};
 use crate::store::pg::{transact, Body, PgDb};
 use crate::store::{Result, StoreError};
@@ -358,20 +356,8 @@ pub async fn reserve_via(
 /// `$3` is the actual cost (≥ 0), `$4` the time. Its columns from the sixth on are what
 /// `follow_moved` reads: each level's period when it is no longer the reservation's, then
 /// the reservation's ids and periods, and the refund.
-static SETTLE: LazyLock<String> = LazyLock::new(|| {
-    let [t, u, m] = [
-        (Level::Token, "tokens", "token_id", "period"),
-        (Level::User, "users", "user_id", "user_period"),
-        (Level::Team, "teams", "team_id", "team_period"),
-    ]
-    .map(|(level, table, id, held)| {
-        follow_sql(
-            level,
-            &format!("{table}.period"),
-            &format!("h.{id}"),
-            &format!("h.{held}"),
-        )
-    });
+pub(super) static SETTLE: LazyLock<String> = LazyLock::new(|| {
+    let [t, u, m] = follow_columns(["tokens", "users", "teams"]);
     format!(
         "WITH a AS (DELETE FROM reservations WHERE request_id = $1
             RETURNING token_id, user_id, team_id, period, user_period, team_period, amount_micros, TRUE AS open),

@@ -44,9 +44,9 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row};
 
 use super::cas::follow_moved;
-use super::{follow_sql, tighter};
+use super::{follow_columns, tighter};
 use crate::clock::db_time;
-use crate::store::ledger::{Level, Owner, Refusal, Reservation, Settled, LEVELS};
+use crate::store::ledger::{Owner, Refusal, Reservation, Settled, LEVELS};
 use crate::store::{Result, StoreError};
 
 /// What a groupable job asks, read when its batch runs (its `now` from its clock then).
@@ -81,20 +81,8 @@ pub enum Answer {
 /// each level's remaining balance after the whole statement, then what `cas::follow_moved`
 /// reads. Every level of a settled reservation is written (a release of 0 where nothing
 /// changes), so each has its row to report its period from.
-static SETTLE_MANY: LazyLock<String> = LazyLock::new(|| {
-    let [t, u, m] = [
-        (Level::Token, "t", "token_id", "period"),
-        (Level::User, "u", "user_id", "user_period"),
-        (Level::Team, "m", "team_id", "team_period"),
-    ]
-    .map(|(level, row, id, held)| {
-        follow_sql(
-            level,
-            &format!("{row}.period"),
-            &format!("h.{id}"),
-            &format!("h.{held}"),
-        )
-    });
+pub(super) static SETTLE_MANY: LazyLock<String> = LazyLock::new(|| {
+    let [t, u, m] = follow_columns(["t", "u", "m"]);
     format!(
         "WITH j AS (SELECT * FROM unnest($1::TEXT[], $2::BOOL[], $3::BIGINT[], $4::TEXT[])
             WITH ORDINALITY AS j(request_id, or_orphaned, actual, at, i)),

@@ -1,0 +1,65 @@
+//! The eviction past the cap deletes a large surplus in writes of `EVICT_CHUNK` entries,
+//! each committed on its own, so that the one write connection — every reservation and
+//! settlement behind it — is free between them (s31 evict attack F2: one statement held it
+//! for seconds).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use super::cache::evict_over_cap;
+use super::Db;
+
+#[tokio::test]
+async fn a_surplus_past_the_cap_is_evicted_in_chunks_to_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&dir.path().join("chunks.db"), false)
+        .await
+        .unwrap();
+    let write = &db.sqlite().write;
+    sqlx::raw_sql(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1300)
+         INSERT INTO cache_entries (key, scope, model, format, answer, created_at, expires_at)
+         SELECT CAST(printf('%016d', i) AS BLOB), 'team:1', 'gpt-4o-mini', 'openai', '{}',
+                '2026-12-05T10:00:00.000000Z', '2999-01-01T00:00:00.000000Z'
+         FROM n;
+         -- Each deletion made slow (a join of 200 × 200 rows per entry), so that a reader
+         -- polling the table sees every write's commit, however fast the machine.
+         CREATE TABLE pad (n INTEGER);
+         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200)
+         INSERT INTO pad SELECT i FROM n;
+         CREATE TRIGGER stretch AFTER DELETE ON cache_entries
+         BEGIN SELECT COUNT(*) FROM pad a, pad b; END;",
+    )
+    .execute(write)
+    .await
+    .unwrap();
+    let done = AtomicBool::new(false);
+    let evict = async {
+        let keys = evict_over_cap(&db, 100).await.unwrap();
+        done.store(true, Ordering::Release);
+        keys
+    };
+    // What other connections see committed while the eviction runs, each change once.
+    let watch = async {
+        let mut seen: Vec<i64> = Vec::new();
+        loop {
+            let finished = done.load(Ordering::Acquire);
+            let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM cache_entries")
+                .fetch_one(&db.sqlite().read)
+                .await
+                .unwrap();
+            if seen.last() != Some(&n) {
+                seen.push(n);
+            }
+            if finished {
+                return seen;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    let (keys, seen) = tokio::join!(evict, watch);
+    assert_eq!(keys.len(), 1_200);
+    // Three writes of at most 500, each committed before the next began: one statement
+    // would show 1 300 and then 100 only.
+    assert_eq!(seen, [1_300, 800, 300, 100]);
+}
