@@ -9,7 +9,7 @@
 use std::borrow::Cow;
 
 use actix_web::http::{header, StatusCode};
-use actix_web::{HttpResponse, HttpResponseBuilder};
+use actix_web::HttpResponse;
 use serde_json::{json, Value};
 
 /// The client's wire format, which decides the error shape.
@@ -71,11 +71,6 @@ pub enum ApiError {
     },
     #[error("Every upstream route failed for this request. Try again later.")]
     UpstreamError,
-    /// The upstream answered with content the gateway cannot pass on, and reported what it
-    /// billed for it: charged that, and not sent elsewhere to be billed again
-    /// (`pipeline::attempts::Success::refused`).
-    #[error("The upstream's answer holds content the gateway cannot pass on (an image, code execution, or a shape it cannot read). The upstream billed it, so it is charged as the upstream reported; it was not sent to another route, which would bill it again.")]
-    AnswerRefused,
     /// The upstream refused the request as the client's fault; its own answer is passed on.
     #[error("The upstream rejected the request.")]
     UpstreamClientError,
@@ -128,7 +123,7 @@ impl ApiError {
             ApiError::InsufficientQuota { .. }
             | ApiError::UpstreamRateLimited { .. }
             | ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::UpstreamError | ApiError::AnswerRefused => StatusCode::BAD_GATEWAY,
+            ApiError::UpstreamError => StatusCode::BAD_GATEWAY,
             ApiError::UpstreamClientError => StatusCode::BAD_REQUEST,
             ApiError::ServiceDegraded { .. }
             | ApiError::LedgerUnavailable { .. }
@@ -155,7 +150,7 @@ impl ApiError {
             ApiError::UpstreamRateLimited { .. } | ApiError::RateLimited { .. } => {
                 "rate_limit_exceeded"
             }
-            ApiError::UpstreamError | ApiError::AnswerRefused => "upstream_error",
+            ApiError::UpstreamError => "upstream_error",
             ApiError::UpstreamClientError => "upstream_client_error",
             ApiError::ServiceDegraded { .. } | ApiError::LedgerUnavailable { .. } => {
                 "service_degraded"
@@ -206,7 +201,6 @@ impl ApiError {
                 }
             }
             ApiError::UpstreamError
-            | ApiError::AnswerRefused
             | ApiError::ServiceDegraded { .. }
             | ApiError::LedgerUnavailable { .. }
             | ApiError::UpstreamBusy { .. }
@@ -230,10 +224,7 @@ impl ApiError {
             ApiError::InsufficientQuota { .. }
             | ApiError::UpstreamRateLimited { .. }
             | ApiError::RateLimited { .. } => "rate_limit_error",
-            ApiError::UpstreamError
-            | ApiError::AnswerRefused
-            | ApiError::Internal
-            | ApiError::ClientGone => "api_error",
+            ApiError::UpstreamError | ApiError::Internal | ApiError::ClientGone => "api_error",
             ApiError::ServiceDegraded { .. }
             | ApiError::LedgerUnavailable { .. }
             | ApiError::UpstreamBusy { .. }
@@ -259,8 +250,7 @@ impl ApiError {
     }
 
     /// Whether the official SDKs should retry (`x-should-retry`): a rate limit or a 503 yes;
-    /// any other 4xx, and a 502 (the gateway already tried every route, or was billed an
-    /// answer it cannot pass on, which a retry would be billed again), no.
+    /// any other 4xx, and a 502 (the gateway already tried every route), no.
     fn should_retry(&self) -> bool {
         matches!(
             self,
@@ -276,26 +266,6 @@ impl ApiError {
     }
 
     pub fn render(&self, format: WireFormat) -> HttpResponse {
-        self.builder().body(self.body(format))
-    }
-
-    /// The error's response before its body: its status and headers (`render`), for an
-    /// answer that adds its own (`pipeline::finish`'s refused answer, with its balance).
-    pub fn builder(&self) -> HttpResponseBuilder {
-        let mut resp = HttpResponse::build(self.status());
-        resp.insert_header((header::CONTENT_TYPE, "application/json"));
-        resp.insert_header((
-            "x-should-retry",
-            if self.should_retry() { "true" } else { "false" },
-        ));
-        if let Some(after) = self.retry_after() {
-            resp.insert_header((header::RETRY_AFTER, after.to_string()));
-        }
-        resp
-    }
-
-    /// The error's body in `format`.
-    pub fn body(&self, format: WireFormat) -> String {
         let message = self.to_string();
         let mut body = match format {
             WireFormat::OpenAi => json!({"error": {
@@ -317,7 +287,16 @@ impl ApiError {
         if let Some(err) = body.get_mut("error").and_then(Value::as_object_mut) {
             err.extend(self.wait_fields());
         }
-        body.to_string()
+        let mut resp = HttpResponse::build(self.status());
+        resp.insert_header((header::CONTENT_TYPE, "application/json"));
+        resp.insert_header((
+            "x-should-retry",
+            if self.should_retry() { "true" } else { "false" },
+        ));
+        if let Some(after) = self.retry_after() {
+            resp.insert_header((header::RETRY_AFTER, after.to_string()));
+        }
+        resp.body(body.to_string())
     }
 }
 

@@ -11,6 +11,7 @@ pub mod limits;
 mod long_context;
 pub mod queued;
 pub(crate) mod recheck;
+mod refused;
 pub mod request;
 pub mod respond;
 pub mod responses;
@@ -493,22 +494,27 @@ async fn run(
     )
     .await;
     log.attempts = outcome.attempts;
+    // What upstreams billed for answers the gateway refused: absorbed, never the token's,
+    // whatever the outcome; the request's cost includes it.
+    let refused = refused::absorb(&prepared, &held, &outcome.billed).await;
     let success = match outcome.result {
         Outcome::Served(s) => s,
         // Nothing served costs nothing — unless the client's own deadline cut an attempt
         // off after the upstream had it: then, as when it disconnects, its input.
         Outcome::Failed(failure) if outcome.cut_by_deadline => {
+            refused::name_biller(log, &outcome.billed);
             let settled = held.settle(departure.cost).await;
             log.input_tokens = departure.input;
-            log.cost_micros = settled.charged + settled.absorbed;
+            log.cost_micros = (settled.charged + settled.absorbed).saturating_add(refused);
             log.usage_estimated = departure.input > 0;
             return Err(failure);
         }
         Outcome::Failed(failure) => {
+            refused::name_biller(log, &outcome.billed);
             if let Some(b) = booking.as_mut() {
                 b.used(0);
             }
-            (log.input_tokens, log.cost_micros) = (0, 0);
+            (log.input_tokens, log.cost_micros) = (0, refused);
             log.usage_estimated = false;
             held.settle(0).await;
             return Err(failure);
@@ -540,7 +546,7 @@ async fn run(
             state,
             &prepared,
             success,
-            held,
+            (held, refused),
             log,
             &auth,
             booking,
@@ -828,23 +834,19 @@ fn show_counted(
     }
 }
 
-/// A non-streamed answer: price it from its usage, settle, answer with the upstream's bytes
-/// — or, for one refused (`Success::refused`), with a 502 saying it was charged.
+/// A non-streamed answer: price it from its usage, settle, answer with the upstream's bytes.
 #[allow(clippy::too_many_arguments)]
 async fn finish(
     state: &AppState,
     p: &Prepared,
     s: Success,
-    mut held: crate::quota::reservation::Held,
+    (mut held, refused): (crate::quota::reservation::Held, i64),
     log: &mut RequestRow,
     auth: &TokenAuth,
     mut booking: Option<Booking>,
     (plan, (drain, answered)): (Option<crate::cache::Plan>, (&Drain, &AtomicBool)),
 ) -> Result<HttpResponse, Failure> {
-    // A refused answer (`Success::refused`) is charged its usage and answered 502: never
-    // relayed, stored or cached.
-    let refused = s.refused;
-    let plan = plan.filter(|_| !refused && s.as_planned(p));
+    let plan = plan.filter(|_| s.as_planned(p));
     let reader = p.reader(&s.route, s.dep.provider);
     let estimate = p.estimated_input_on(s.route.image_rule, s.model.max_input_tokens, reader);
     let mut key_booking = s.key_booking;
@@ -853,15 +855,6 @@ async fn finish(
     let upstream = providers::format_of(s.dep.provider);
     kinds::served_tier(s.dep.provider, &s.dep.id, providers::tier::served(&answer));
     let (reported, read_as, body, to_keep) = match &p.responses {
-        // Read in the format it was refused in (`attempts::relayable`).
-        _ if refused => {
-            let read_as = match p.endpoint {
-                Endpoint::Responses => providers::responses_format(s.dep.provider),
-                _ => upstream,
-            };
-            let reported = providers::answer_usage(read_as, &answer);
-            (reported, read_as, bytes::Bytes::new(), None)
-        }
         Some(ctx) => {
             let (usage, read_as, body, response) =
                 responses::answer(p, ctx, s.dep.provider, (&answer, s.read.as_deref()));
@@ -900,7 +893,7 @@ async fn finish(
     };
     let partial = reported.input.is_none() || reported.output.is_none();
     let (body, to_keep) = match to_keep {
-        _ if refused || !partial || read_as == client => (body, to_keep),
+        _ if !partial || read_as == client => (body, to_keep),
         Some((ctx, mut response)) => {
             show_counted(client, &mut response, reported, usage);
             (
@@ -961,7 +954,7 @@ async fn finish(
     log.input_tokens = usage.input;
     log.output_tokens = usage.output;
     log.kinds = usage.parts();
-    log.cost_micros = held.cost_of(cost);
+    log.cost_micros = held.cost_of(cost).saturating_add(refused);
     // Charged the answer from here, the client gets it: the shutdown's drain no longer
     // ends the request with a 503 (its SDK would retry, paying twice); it bounds what the
     // answer still waits on the store for instead (below).
@@ -990,17 +983,10 @@ async fn finish(
     };
     drop(span);
     account(state, auth, settled.token_remaining, settled.absorbed);
-    log.cost_micros = settled.charged + settled.absorbed;
+    log.cost_micros = (settled.charged + settled.absorbed).saturating_add(refused);
     log.ttfb_ms = Some(s.ttfb_ms);
-    let (mut resp, body) = if refused {
-        let e = ApiError::AnswerRefused;
-        log.error_code = Some(e.code());
-        (e.builder(), bytes::Bytes::from(e.body(p.endpoint.format())))
-    } else {
-        let mut resp = HttpResponse::Ok();
-        resp.content_type("application/json");
-        (resp, body)
-    };
+    let mut resp = HttpResponse::Ok();
+    resp.content_type("application/json");
     respond::gateway_headers(
         &mut resp,
         &log.id,

@@ -11,7 +11,7 @@ use super::candidates::{build, Candidate};
 use super::departure::{bills_nothing, dearer, Departure};
 use super::run::Run;
 use super::verdicts::{judge, passthrough, still_in_use};
-use super::Success;
+use super::{Billed, Success};
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::ops::metrics;
@@ -85,7 +85,6 @@ async fn attempt(
         key_booking: None,
         dropped: Box::default(),
         permit: None,
-        refused: false,
     };
     if stream {
         return Ok(success(None, None, Some(resp)));
@@ -114,23 +113,23 @@ async fn attempt(
 }
 
 /// A served chat or Responses answer the gateway cannot relay (`providers::relayable`) is
-/// an attempt failure like a body that is not JSON (DESIGN "Bounds against a lying
-/// upstream"; s29 responses attack F1: a Responses answer was not judged, and one the
-/// gateway could not read was a charged and stored empty response). One well-formed but
+/// an attempt failure like a body that is not JSON: the next route is tried, and all
+/// failing is a 502 `upstream_error` that charges the token nothing (DESIGN "Bounds against
+/// a lying upstream"; s29 responses attack F1: a Responses answer was not judged, and one
+/// the gateway could not read was a charged and stored empty response). One well-formed but
 /// holding a part the gateway does not model is `Unsupported`: alike, but no failure of
 /// its key (`try_candidate`). A translated answer is kept as read (`Success::read`), for
 /// `convert_answer` or `responses::answer` to write: read once per request.
 ///
 /// A refused answer whose usage the gateway can read (a side of it reported,
-/// `providers::answer_usage`) was billed by its upstream: it comes back with the error,
-/// marked `refused`, to be charged that usage (`pipeline::finish`) instead of the next
-/// candidate being tried (s27 translated money #6: it cost nothing, and every route tried
-/// was billed). One without a readable usage fails alone: nothing says it was billed, and
-/// all failing is a 502 `upstream_error` that costs nothing.
+/// `providers::answer_usage`) was billed by its upstream: it comes back with the error as
+/// `Billed`, for the pipeline to record as absorbed (s27 translated money #6: finance saw
+/// nothing of it). One without a readable usage has nothing to record. `Billed` is boxed:
+/// the rare refusal's answer and route keep the error small on every failed attempt.
 fn relayable(
     p: &Prepared,
     mut s: Success,
-) -> Result<Success, (UpstreamError, Option<Box<Success>>)> {
+) -> Result<Success, (UpstreamError, Option<Box<Billed>>)> {
     let Some(answer) = s.answer.as_ref() else {
         return Ok(s);
     };
@@ -154,18 +153,15 @@ fn relayable(
     if reported.input.is_none() && reported.output.is_none() {
         return Err((why, None));
     }
-    s.refused = true;
-    Err((why, Some(Box::new(s))))
-}
-
-/// What follows a failed attempt that was neither the client's error nor the gateway's
-/// own shortage: the next candidate — unless the upstream billed an answer the gateway
-/// cannot relay (`relayable`), which is served as refused, to be settled.
-fn next(refused: Option<Box<Success>>) -> Step {
-    match refused {
-        Some(s) => Step::Served(*s),
-        None => Step::Next,
-    }
+    let billed = s.answer.take().map(|answer| Billed {
+        model: s.model.clone(),
+        route: s.route.clone(),
+        prices: s.prices,
+        dep: s.dep.clone(),
+        read_as: upstream,
+        answer,
+    });
+    Err((why, billed.map(Box::new)))
 }
 
 /// Tries one candidate: its gates first, then the upstream call. Right before the call,
@@ -312,7 +308,7 @@ pub(super) async fn try_candidate(
             b.used(if on { p.input_tokens } else { 0 });
         }
     };
-    let (err, mut refused) = match attempt(
+    let err = match attempt(
         state,
         (c, dep),
         Some(url),
@@ -342,7 +338,10 @@ pub(super) async fn try_candidate(
             s.dropped = dropped.into_boxed_slice();
             return Step::Served(s);
         }
-        Err(e) => e,
+        Err((e, billed)) => {
+            run.billed.extend(billed.map(|b| *b));
+            e
+        }
     };
     let tier = retry::classify(&err);
     let status = match &err {
@@ -363,13 +362,6 @@ pub(super) async fn try_candidate(
     } else if reached {
         sent(run.billable);
     }
-    // A refused answer that was billed holds what the answer holds until it is settled:
-    // its key's window is corrected to its usage then, not to 0 here.
-    if let Some(s) = refused.as_mut() {
-        s.slot = slot;
-        s.key_booking = key_booking.take();
-        s.dropped = dropped.into_boxed_slice();
-    }
     if let Some(b) = key_booking.as_mut() {
         if !reached || tier != Tier::OutOfTime {
             b.used(0);
@@ -386,13 +378,13 @@ pub(super) async fn try_candidate(
         if matches!(tier, Tier::RateLimited | Tier::Overloaded) {
             run.overloaded.push(i);
         }
-        return next(refused);
+        return Step::Next;
     }
     // The upstream answered well; only the gateway cannot read its answer: nothing of the
     // key's health (s28 diff attack F1: three such answers by any token opened a shared key).
     if matches!(err, UpstreamError::Unsupported) {
         permit.abandon();
-        return next(refused);
+        return Step::Next;
     }
     let retry_after = match &err {
         UpstreamError::Status { retry_after, .. } => *retry_after,
@@ -426,6 +418,6 @@ pub(super) async fn try_candidate(
             providers::format_of(dep.provider),
             p.endpoint.format(),
         )),
-        _ => next(refused),
+        _ => Step::Next,
     }
 }
