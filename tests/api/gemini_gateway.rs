@@ -8,6 +8,8 @@ use sluice::config::{Provider, Secret, VertexSettings};
 use sluice::mock::{MockServer, Script};
 
 use crate::helpers::*;
+use crate::on_both_engines;
+use crate::pg_gateway_app::{spawn_app_on, Engine};
 
 const KEY_G: &str = "gem-key-g-0123456789";
 const KEY_H: &str = "gem-key-h-0123456789";
@@ -413,3 +415,219 @@ async fn an_answer_gemini_cannot_read_is_a_502_that_costs_nothing_and_is_not_cac
     assert_eq!(app.scalar("SELECT COUNT(*) FROM cache_entries").await, 0);
     app.assert_invariant().await;
 }
+
+/// An image model's answer: a line of text and an `inlineData` image, a part the internal
+/// form lacks, with the `usageMetadata` Gemini billed it at (none when `None`).
+fn drawn(usage: Option<Value>, text: bool) -> Script {
+    let mut parts = vec![json!({"inlineData": {"mimeType": "image/png", "data": "iVBORw0KGgo="}})];
+    if text {
+        parts.insert(0, json!({"text": "Here is your lighthouse."}));
+    }
+    let mut answer = json!({"candidates": [{"content": {"role": "model", "parts": parts},
+        "finishReason": "STOP", "index": 0}], "responseId": "r1", "modelVersion": "gem-upstream"});
+    if let Some(u) = usage {
+        answer["usageMetadata"] = u;
+    }
+    Script {
+        body: Some(answer),
+        ..Script::default()
+    }
+}
+
+/// What token `id` ($1) has spent so far.
+async fn spent(app: &TestApp, id: i64) -> i64 {
+    let sql = format!("SELECT remaining_micros FROM tokens WHERE id = {id}");
+    1_000_000 - app.scalar(&sql).await
+}
+
+/// A request's `absorbed` ledger rows (how many, their sum) and its log row's cost, by the
+/// `x-request-id` it was answered with.
+async fn absorbed_of(app: &TestApp, resp: &reqwest::Response) -> (i64, i64, i64) {
+    let rid = resp.headers()["x-request-id"].to_str().unwrap().to_string();
+    let rows =
+        format!("SELECT COUNT(*) FROM ledger WHERE kind = 'absorbed' AND request_id = '{rid}'");
+    let sum = format!(
+        "SELECT COALESCE(SUM(amount_micros), 0) FROM ledger WHERE kind = 'absorbed' AND request_id = '{rid}'"
+    );
+    let logged = format!("SELECT COUNT(*) FROM requests WHERE id = '{rid}'");
+    for _ in 0..250 {
+        app.state.request_log.flush().await;
+        if app.scalar(&logged).await > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let cost = format!("SELECT cost_micros FROM requests WHERE id = '{rid}'");
+    (
+        app.scalar(&rows).await,
+        app.scalar(&sum).await,
+        app.scalar(&cost).await,
+    )
+}
+
+/// A Gemini answer the gateway cannot pass on (an `inlineData` image) is a failed attempt,
+/// whatever usage it reports: the next route or the fallback is tried, and all failing is
+/// the 502 `upstream_error` that charges the token nothing (DESIGN's retry table; CHECKS
+/// Q6: remaining unchanged). But Gemini billed it: what its reported usage costs at the
+/// route that answered (a side not reported counted as settlement counts it) is an
+/// `absorbed` ledger row per attempt, outside the token's sum, and in the request's logged
+/// cost, so finance sees every cent (s27 translated money #6: the provider's bill had no
+/// trace in the gateway). A later attempt that serves is charged as usual, the refused ones
+/// still absorbed; an answer without a readable usage has nothing to absorb. Alike for an
+/// OpenAI-compatible fallback's shapeless answer with a usage and an Anthropic answer that
+/// is no message.
+async fn an_answer_refused_for_its_parts_is_tried_elsewhere_and_its_billed_usage_absorbed(
+    engine: Engine,
+) {
+    let app = spawn_app_on(engine, |s, mock| {
+        s.breaker.failure_threshold = 1_000;
+        s.upstreams
+            .extend([gemini("g", KEY_G, mock), gemini("h", KEY_H, mock)]);
+        s.models.push(model("pool", &["g", "h"]));
+        let mut m = model("gem_or_mini", &["g"]);
+        m.fallbacks = vec!["gpt-4o-mini".into()];
+        s.models.push(m);
+        add_claude(s, mock);
+    })
+    .await;
+    let (id, token) = app.token("drawer", Some("1")).await;
+    let ask = |model: &str| {
+        json!({"model": model, "max_tokens": 2000,
+            "messages": [{"role": "user", "content": "Draw a lighthouse at dusk."}]})
+    };
+    // An image is 1290 output tokens on Gemini's image models.
+    let billed = json!({"promptTokenCount": 20, "candidatesTokenCount": 1290,
+        "totalTokenCount": 1310});
+    // 20 × 0.15 + 1290 × 0.60 micro-dollars.
+    const DRAWN: i64 = 777;
+
+    // Two routes of the model, both drawing: both tried, a 502 that charges nothing, each
+    // attempt absorbed at what Gemini billed.
+    for key in [KEY_G, KEY_H] {
+        app.mock
+            .state
+            .sticky(key, Some(drawn(Some(billed.clone()), true)));
+    }
+    let resp = app.chat(&token, &ask("pool")).await;
+    assert_eq!(resp.status(), 502);
+    let calls =
+        |app: &TestApp| app.mock.state.stats(KEY_G).count + app.mock.state.stats(KEY_H).count;
+    assert_eq!(calls(&app), 2, "a refused answer is tried elsewhere");
+    assert_eq!(absorbed_of(&app, &resp).await, (2, 2 * DRAWN, 2 * DRAWN));
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "upstream_error", "{v}");
+    assert_eq!(spent(&app, id).await, 0, "remaining unchanged");
+    for key in [KEY_G, KEY_H] {
+        app.mock.state.sticky(key, None);
+    }
+
+    // Through a model with a fallback, for an Anthropic client: the fallback serves,
+    // charged as usual; the refused attempt is absorbed.
+    let mini = app.mock.state.stats(KEY_A).count;
+    app.mock
+        .state
+        .script(KEY_G, [drawn(Some(billed.clone()), true)]);
+    let resp = app.messages(&token, &ask("gem_or_mini")).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(app.mock.state.stats(KEY_A).count, mini + 1, "the fallback");
+    let (rows, absorbed, cost) = absorbed_of(&app, &resp).await;
+    assert_eq!((rows, absorbed), (1, DRAWN));
+    let served = spent(&app, id).await;
+    assert!(served > 0);
+    assert_eq!(
+        cost,
+        served + DRAWN,
+        "the row's cost: the charge and the absorbed"
+    );
+
+    // The input side alone: the image-only answer's output is the gateway's count of its
+    // text, none; 1000 × 0.15.
+    let before = spent(&app, id).await;
+    app.mock.state.script(
+        KEY_G,
+        [drawn(Some(json!({"promptTokenCount": 1000})), false)],
+    );
+    let resp = app.chat(&token, &ask("gem_or_mini")).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(app.mock.state.stats(KEY_A).count, mini + 2);
+    let (rows, absorbed, cost) = absorbed_of(&app, &resp).await;
+    assert_eq!((rows, absorbed), (1, 150));
+    assert_eq!(cost - 150, spent(&app, id).await - before);
+
+    // A lying usage: absorbed as far as it is believed — each side held to the bound on a
+    // reported count (`providers::MAX_REPORTED_TOKENS`, 2³² − 1), × 0.75 rounded up —
+    // never the token's.
+    let before = spent(&app, id).await;
+    let huge = json!({"promptTokenCount": 1_000_000_000_000i64,
+        "candidatesTokenCount": 1_000_000_000_000i64});
+    app.mock.state.script(KEY_G, [drawn(Some(huge), true)]);
+    let resp = app.chat(&token, &ask("gem_or_mini")).await;
+    assert_eq!(resp.status(), 200);
+    let (rows, absorbed, cost) = absorbed_of(&app, &resp).await;
+    assert_eq!((rows, absorbed), (1, 3_221_225_472));
+    assert_eq!(cost - absorbed, spent(&app, id).await - before);
+
+    // No usage to read: nothing absorbed, and the fallback serves.
+    let before = spent(&app, id).await;
+    app.mock.state.script(KEY_G, [drawn(None, true)]);
+    let resp = app.chat(&token, &ask("gem_or_mini")).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(app.mock.state.stats(KEY_A).count, mini + 4);
+    let (rows, _, cost) = absorbed_of(&app, &resp).await;
+    assert_eq!(rows, 0);
+    assert_eq!(cost, spent(&app, id).await - before);
+
+    // The first route's 500 bills nothing; the OpenAI-compatible fallback's answer with no
+    // `choices` but a usage is refused: every route failed, a 502 charging nothing, the
+    // fallback's attempt absorbed at 12 × 0.15 + 24 × 0.60 → 17.
+    let before = spent(&app, id).await;
+    app.mock.state.script(
+        KEY_G,
+        [Script {
+            status: Some(500),
+            ..Script::default()
+        }],
+    );
+    app.mock.state.script(
+        KEY_A,
+        [Script {
+            raw_body: Some(
+                r#"{"object": "chat.completion", "usage": {"prompt_tokens": 12, "completion_tokens": 24}}"#
+                    .into(),
+            ),
+            ..Script::default()
+        }],
+    );
+    let resp = app.chat(&token, &ask("gem_or_mini")).await;
+    assert_eq!(resp.status(), 502);
+    assert_eq!(app.mock.state.stats(KEY_A).count, mini + 5);
+    assert_eq!(absorbed_of(&app, &resp).await, (1, 17, 17));
+    assert_eq!(spent(&app, id).await, before, "remaining unchanged");
+
+    // Anthropic's reader, translating for an OpenAI client: a `message` whose content is
+    // no list, with its usage: a 502 charging nothing, 17 absorbed.
+    let before = spent(&app, id).await;
+    app.mock.state.script(
+        KEY_B,
+        [Script {
+            raw_body: Some(
+                r#"{"type": "message", "content": 5, "usage": {"input_tokens": 12, "output_tokens": 24}}"#
+                    .into(),
+            ),
+            ..Script::default()
+        }],
+    );
+    let resp = app.chat(&token, &ask("claude")).await;
+    assert_eq!(resp.status(), 502);
+    assert_eq!(absorbed_of(&app, &resp).await, (1, 17, 17));
+    assert_eq!(spent(&app, id).await, before, "remaining unchanged");
+    // The row names the upstream that billed it, for reconciliation with its bill.
+    let rid = resp.headers()["x-request-id"].to_str().unwrap();
+    let named = format!(
+        "SELECT COUNT(*) FROM requests WHERE id = '{rid}' AND upstream = 'c' AND upstream_model = 'claude-upstream'"
+    );
+    assert_eq!(app.scalar(&named).await, 1);
+
+    app.assert_invariant().await;
+}
+on_both_engines!(an_answer_refused_for_its_parts_is_tried_elsewhere_and_its_billed_usage_absorbed);
