@@ -138,7 +138,7 @@ async fn admin_writes_refuse_what_they_cannot_read() {
     let app = spawn_app().await;
     let (id, key) = member_and_key(&app).await;
     let path = format!("/admin/api/v1/users/{id}");
-    let sql = format!("SELECT disabled FROM users WHERE id = {id}");
+    let sql = format!("SELECT CASE WHEN disabled THEN 1 ELSE 0 END FROM users WHERE id = {id}");
     let disabled = || app.scalar(&sql);
     let (status, v) = send(
         &app,
@@ -238,7 +238,7 @@ async fn an_empty_or_list_flag_on_an_edit_is_refused() {
     let app = spawn_app().await;
     let (id, key) = member_and_key(&app).await;
     let path = format!("/admin/api/v1/users/{id}");
-    let sql = format!("SELECT disabled FROM users WHERE id = {id}");
+    let sql = format!("SELECT CASE WHEN disabled THEN 1 ELSE 0 END FROM users WHERE id = {id}");
     let json = "application/json";
     let (status, _) = send(
         &app,
@@ -302,7 +302,7 @@ async fn the_api_is_told_by_its_routed_path_and_a_gzip_body_is_read() {
         .unwrap();
     assert_eq!(r.status(), 200);
     let disabled = app
-        .scalar(&format!("SELECT disabled FROM users WHERE id = {id}"))
+        .scalar(&format!("SELECT CASE WHEN disabled THEN 1 ELSE 0 END FROM users WHERE id = {id}"))
         .await;
     assert_eq!(disabled, 1);
     let r = client()
