@@ -11,7 +11,6 @@ pub mod limits;
 mod long_context;
 pub mod queued;
 pub(crate) mod recheck;
-mod refused;
 pub mod request;
 pub mod respond;
 pub mod responses;
@@ -495,27 +494,22 @@ async fn run(
     )
     .await;
     log.attempts = outcome.attempts;
-    // What upstreams billed for answers the gateway refused: absorbed, never the token's,
-    // whatever the outcome; the request's cost includes it.
-    let refused = refused::absorb(&prepared, &held, &outcome.billed).await;
     let success = match outcome.result {
         Outcome::Served(s) => s,
         // Nothing served costs nothing — unless the client's own deadline cut an attempt
         // off after the upstream had it: then, as when it disconnects, its input.
         Outcome::Failed(failure) if outcome.cut_by_deadline => {
-            refused::name_biller(log, &outcome.billed);
             let settled = held.settle(departure.cost).await;
             log.input_tokens = departure.input;
-            log.cost_micros = (settled.charged + settled.absorbed).saturating_add(refused);
+            log.cost_micros = settled.charged + settled.absorbed;
             log.usage_estimated = departure.input > 0;
             return Err(failure);
         }
         Outcome::Failed(failure) => {
-            refused::name_biller(log, &outcome.billed);
             if let Some(b) = booking.as_mut() {
                 b.used(0);
             }
-            (log.input_tokens, log.cost_micros) = (0, refused);
+            (log.input_tokens, log.cost_micros) = (0, 0);
             log.usage_estimated = false;
             held.settle(0).await;
             return Err(failure);
@@ -547,7 +541,7 @@ async fn run(
             state,
             &prepared,
             success,
-            (held, refused),
+            held,
             log,
             &auth,
             booking,
@@ -841,7 +835,7 @@ async fn finish(
     state: &AppState,
     p: &Prepared,
     s: Success,
-    (mut held, refused): (crate::quota::reservation::Held, i64),
+    mut held: crate::quota::reservation::Held,
     log: &mut RequestRow,
     auth: &TokenAuth,
     mut booking: Option<Booking>,
@@ -955,7 +949,7 @@ async fn finish(
     log.input_tokens = usage.input;
     log.output_tokens = usage.output;
     log.kinds = usage.parts();
-    log.cost_micros = held.cost_of(cost).saturating_add(refused);
+    log.cost_micros = held.cost_of(cost);
     // Charged the answer from here, the client gets it: the shutdown's drain no longer
     // ends the request with a 503 (its SDK would retry, paying twice); it bounds what the
     // answer still waits on the store for instead (below).
@@ -984,7 +978,7 @@ async fn finish(
     };
     drop(span);
     account(state, auth, settled.token_remaining, settled.absorbed);
-    log.cost_micros = (settled.charged + settled.absorbed).saturating_add(refused);
+    log.cost_micros = settled.charged + settled.absorbed;
     log.ttfb_ms = Some(s.ttfb_ms);
     let mut resp = HttpResponse::Ok();
     resp.content_type("application/json");

@@ -430,29 +430,6 @@ impl Held {
         }
     }
 
-    /// Records `amounts` — what an upstream billed for attempts this request is not charged
-    /// (answers the gateway refused: `pipeline::refused`) — as `absorbed` rows under
-    /// the reservation's owner (`ledger::absorb_via`), no balance moved. Returns their sum,
-    /// which the request's cost includes; 0 with nothing reserved (no quota costs nothing,
-    /// `cost_of`). A store error is logged and the sum still returned: the request log, which
-    /// finance reads, keeps the cost.
-    pub async fn absorb(&self, amounts: Vec<i64>) -> i64 {
-        let Some(resv) = self.resv.as_ref() else {
-            return 0;
-        };
-        let amounts: Vec<i64> = amounts.into_iter().filter(|a| *a > 0).collect();
-        if amounts.is_empty() {
-            return 0;
-        }
-        let total = amounts.iter().fold(0i64, |t, a| t.saturating_add(*a));
-        let written =
-            ledger::absorb_via(&self.quota.writer, resv, amounts, self.quota.clock.clone()).await;
-        if let Err(e) = written {
-            tracing::error!(request_id = %resv.request_id, error = %e, absorbed = total, "the absorbed rows of refused answers were not written");
-        }
-        total
-    }
-
     /// Settles at the actual cost (`decided`). Never fails: the amounts are decided here;
     /// if the store fails, the settlement is retried in the background until it lands, and
     /// the balances are then unknown (`None`). Dropped while it waits on the store, it hands

@@ -44,7 +44,7 @@ use crate::quota::period::Reset;
 #[cfg(test)]
 mod carry_index_test;
 mod cas;
-pub use cas::{absorb_via, release_via, reserve_tx, reserve_via, settle_tx, settle_via};
+pub use cas::{release_via, reserve_tx, reserve_via, settle_tx, settle_via};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {

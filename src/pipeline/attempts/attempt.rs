@@ -11,7 +11,7 @@ use super::candidates::{build, Candidate};
 use super::departure::{bills_nothing, dearer, Departure};
 use super::run::Run;
 use super::verdicts::{judge, passthrough, still_in_use};
-use super::{Billed, Success};
+use super::Success;
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::ops::metrics;
@@ -114,22 +114,13 @@ async fn attempt(
 
 /// A served chat or Responses answer the gateway cannot relay (`providers::relayable`) is
 /// an attempt failure like a body that is not JSON: the next route is tried, and all
-/// failing is a 502 `upstream_error` that charges the token nothing (DESIGN "Bounds against
-/// a lying upstream"; s29 responses attack F1: a Responses answer was not judged, and one
-/// the gateway could not read was a charged and stored empty response). One well-formed but
+/// failing is a 502 `upstream_error` that costs nothing (DESIGN "Bounds against a lying
+/// upstream"; s29 responses attack F1: a Responses answer was not judged, and one the
+/// gateway could not read was a charged and stored empty response). One well-formed but
 /// holding a part the gateway does not model is `Unsupported`: alike, but no failure of
 /// its key (`try_candidate`). A translated answer is kept as read (`Success::read`), for
 /// `convert_answer` or `responses::answer` to write: read once per request.
-///
-/// A refused answer whose usage the gateway can read (a side of it reported,
-/// `providers::answer_usage`) was billed by its upstream: it comes back with the error as
-/// `Billed`, for the pipeline to record as absorbed (s27 translated money #6: finance saw
-/// nothing of it). One without a readable usage has nothing to record. `Billed` is boxed:
-/// the rare refusal's answer and route keep the error small on every failed attempt.
-fn relayable(
-    p: &Prepared,
-    mut s: Success,
-) -> Result<Success, (UpstreamError, Option<Box<Billed>>)> {
+fn relayable(p: &Prepared, mut s: Success) -> Result<Success, UpstreamError> {
     let Some(answer) = s.answer.as_ref() else {
         return Ok(s);
     };
@@ -141,27 +132,16 @@ fn relayable(
         Endpoint::Responses => (providers::responses_format(provider), Format::Responses),
         Endpoint::Completions | Endpoint::Embeddings => return Ok(s),
     };
-    let why = match providers::relayable(upstream, client, answer) {
+    match providers::relayable(upstream, client, answer) {
         Ok(read) => {
             s.read = read.map(Box::new);
-            return Ok(s);
+            Ok(s)
         }
-        Err(Corrupt::Unsupported) => UpstreamError::Unsupported,
-        Err(_) => UpstreamError::Garbage("answer is not one the gateway can read"),
-    };
-    let reported = providers::answer_usage(upstream, answer);
-    if reported.input.is_none() && reported.output.is_none() {
-        return Err((why, None));
+        Err(Corrupt::Unsupported) => Err(UpstreamError::Unsupported),
+        Err(_) => Err(UpstreamError::Garbage(
+            "answer is not one the gateway can read",
+        )),
     }
-    let billed = s.answer.take().map(|answer| Billed {
-        model: s.model.clone(),
-        route: s.route.clone(),
-        prices: s.prices,
-        dep: s.dep.clone(),
-        read_as: upstream,
-        answer,
-    });
-    Err((why, billed.map(Box::new)))
 }
 
 /// Tries one candidate: its gates first, then the upstream call. Right before the call,
@@ -317,7 +297,6 @@ pub(super) async fn try_candidate(
         (started, deadline, sent_ms),
     )
     .await
-    .map_err(|e| (e, None))
     .and_then(|s| relayable(p, s))
     {
         Ok(mut s) => {
@@ -338,10 +317,7 @@ pub(super) async fn try_candidate(
             s.dropped = dropped.into_boxed_slice();
             return Step::Served(s);
         }
-        Err((e, billed)) => {
-            run.billed.extend(billed.map(|b| *b));
-            e
-        }
+        Err(e) => e,
     };
     let tier = retry::classify(&err);
     let status = match &err {

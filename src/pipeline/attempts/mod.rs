@@ -35,7 +35,6 @@ use crate::upstream::catalog::{Deployment, Model, Route};
 use crate::upstream::gate::Slot;
 use crate::upstream::pool::InFlight;
 use crate::upstream::providers::canonical::Answer;
-use crate::upstream::providers::Format;
 use attempt::{try_candidate, Step};
 use candidates::{off, ready};
 use departure::departure_on;
@@ -96,20 +95,6 @@ impl Success {
     }
 }
 
-/// An answer the gateway refused (`attempt::relayable`) whose usage its upstream reported:
-/// a failed attempt the upstream billed. The pipeline prices it at the route that answered
-/// and records it as absorbed, never charged to the token (`pipeline::refused`).
-pub struct Billed {
-    pub model: Arc<Model>,
-    pub route: Route,
-    /// The route's prices at the request's start, as a served answer's (`Success::prices`).
-    pub prices: Prices,
-    pub dep: Arc<Deployment>,
-    /// The format the answer was read (and refused) in.
-    pub read_as: Format,
-    pub answer: serde_json::Value,
-}
-
 // Served is the common outcome, moved once to its caller: boxing it would cost every
 // request an allocation to save stack bytes on the rare failure.
 #[allow(clippy::large_enum_variant)]
@@ -125,9 +110,6 @@ pub struct Called {
     /// upstream had the request and may bill its input (the client's limit, as when it
     /// disconnects; an upstream that is merely slow costs nothing).
     pub cut_by_deadline: bool,
-    /// Every attempt whose answer was refused though billed (`Billed`), served or not; none
-    /// for a stream, whose answer is not read here.
-    pub billed: Vec<Billed>,
 }
 
 /// Tries candidates until one answers, following the retry table. `sent` is told what the
@@ -185,7 +167,7 @@ pub async fn call(
             // stop attack F1 — the next key, ready at once, was called).
             if checked.elapsed() >= RECHECK_AFTER {
                 if let Err(e) = super::recheck::still_admitted(state, credential, deadline).await {
-                    return called(Outcome::Failed(e.into()), &mut run);
+                    return called(Outcome::Failed(e.into()), &run);
                 }
                 checked = Instant::now();
             }
@@ -193,10 +175,8 @@ pub async fn call(
             let here = departure_on(state, p, &candidates[i]);
             let candidate = (&candidates[i], i);
             match try_candidate(state, p, candidate, &mut run, ctx, (here, &mut sent)).await {
-                Step::Served(s) => return called(Outcome::Served(s), &mut run),
-                Step::ClientError(f) | Step::Stop(f) => {
-                    return called(Outcome::Failed(f), &mut run)
-                }
+                Step::Served(s) => return called(Outcome::Served(s), &run),
+                Step::ClientError(f) | Step::Stop(f) => return called(Outcome::Failed(f), &run),
                 Step::Next => {}
             }
         }
@@ -206,15 +186,14 @@ pub async fn call(
         }
     }
     let error = final_error(state, p, candidates, &mut run);
-    called(Outcome::Failed(error.into()), &mut run)
+    called(Outcome::Failed(error.into()), &run)
 }
 
-fn called(result: Outcome, run: &mut Run) -> Called {
+fn called(result: Outcome, run: &Run) -> Called {
     Called {
         result,
         attempts: run.attempts,
         cut_by_deadline: run.cut_by_deadline,
-        billed: std::mem::take(&mut run.billed),
     }
 }
 

@@ -5,7 +5,6 @@ use std::time::{Duration, Instant};
 
 use super::candidates::{could_take, Candidate};
 use super::departure::Departure;
-use super::Billed;
 use crate::error::ApiError;
 use crate::pipeline::request::Prepared;
 use crate::state::AppState;
@@ -47,9 +46,6 @@ pub(super) struct Run {
     /// The dearest departure (`departure_on`) of the attempts that may have billed: sent
     /// and not answered with a refusal that bills nothing (`bills_nothing`).
     pub(super) billable: Departure,
-    /// Answers refused whose usage the upstream reported (`attempt::relayable`): billed
-    /// upstream, for the pipeline to record as absorbed.
-    pub(super) billed: Vec<Billed>,
 }
 
 impl Run {

@@ -293,32 +293,6 @@ pub async fn settle_via(
         .await
 }
 
-/// One `absorbed` row per amount, under a reservation's owner and periods, as one job of the
-/// writer's next batch: what an upstream billed for an attempt the token is not charged
-/// (an answer the gateway refused, `Held::absorb`). No balance moves: `absorbed` rows are
-/// outside every level's sum. It runs even when its caller has gone.
-pub async fn absorb_via(
-    writer: &Writer,
-    resv: &Reservation,
-    amounts: Vec<i64>,
-    clock: Arc<dyn Clock>,
-) -> Result<()> {
-    if let Engine::Postgres(pg, _) = writer.engine() {
-        return crate::store::pg::ledger::absorb_via(pg, resv, amounts, clock).await;
-    }
-    let (owner, periods) = (resv.owner.clone(), resv.periods.clone());
-    let request_id = resv.request_id.clone();
-    writer
-        .run(move |tx| {
-            let now = db_time(clock.now());
-            for amount in &amounts {
-                ledger_row_tx(tx, &owner, &periods, "absorbed", *amount, &request_id, &now)?;
-            }
-            Ok(())
-        })
-        .await
-}
-
 /// A reservation's row as settlement reads it (from `reservations` or `orphaned`).
 struct Held {
     owner: Owner,

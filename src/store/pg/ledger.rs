@@ -49,9 +49,7 @@ use crate::store::{Result, StoreError};
 
 mod cas;
 pub mod group;
-pub use cas::{
-    absorb_via, release_via, reserve, reserve_tx, reserve_via, settle, settle_tx, settle_via,
-};
+pub use cas::{release_via, reserve, reserve_tx, reserve_via, settle, settle_tx, settle_via};
 
 /// (table, its ledger id column, its ledger period column) per level, in `LEVELS` order.
 const TABLES: [(&str, &str, &str); 3] = [

@@ -538,44 +538,6 @@ pub async fn release_via(
         .await
 }
 
-/// `store::ledger::absorb_via` on PostgreSQL: one `absorbed` row per amount (`$7`), under
-/// the reservation's owner and periods; no balance moves, so no row is locked.
-const ABSORB: &str = "INSERT INTO ledger (token_id, user_id, team_id, period, user_period, team_period, kind, amount_micros, request_id, created_at)
-    SELECT $1, $2, $3, $4, $5, $6, 'absorbed', a.amount, $8, $9 FROM UNNEST($7::BIGINT[]) AS a(amount)";
-
-/// Writes what an upstream billed and the token is not charged (`store::ledger::absorb_via`)
-/// as a job of the writer's next batch.
-pub async fn absorb_via(
-    writer: &Writer,
-    resv: &Reservation,
-    amounts: Vec<i64>,
-    clock: Arc<dyn Clock>,
-) -> Result<()> {
-    let (owner, periods) = (resv.owner.clone(), resv.periods.clone());
-    let request_id = resv.request_id.clone();
-    writer
-        .run(Locks::default(), move |conn| {
-            let (owner, periods, request_id) = (owner.clone(), periods.clone(), request_id.clone());
-            let (amounts, now) = (amounts.clone(), db_time(clock.now()));
-            Box::pin(async move {
-                sqlx::query(ABSORB)
-                    .bind(owner.token_id)
-                    .bind(owner.user_id)
-                    .bind(owner.team_id)
-                    .bind(&periods[0])
-                    .bind(&periods[1])
-                    .bind(&periods[2])
-                    .bind(&amounts)
-                    .bind(&*request_id)
-                    .bind(now)
-                    .execute(&mut *conn)
-                    .await?;
-                Ok(())
-            }) as Body<'_, _>
-        })
-        .await
-}
-
 /// A settlement's part of its batch's grouped statement (`group::SETTLE_MANY`).
 fn settle_group(
     request_id: Arc<str>,
