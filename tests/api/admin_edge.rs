@@ -302,7 +302,9 @@ async fn the_api_is_told_by_its_routed_path_and_a_gzip_body_is_read() {
         .unwrap();
     assert_eq!(r.status(), 200);
     let disabled = app
-        .scalar(&format!("SELECT CASE WHEN disabled THEN 1 ELSE 0 END FROM users WHERE id = {id}"))
+        .scalar(&format!(
+            "SELECT CASE WHEN disabled THEN 1 ELSE 0 END FROM users WHERE id = {id}"
+        ))
         .await;
     assert_eq!(disabled, 1);
     let r = client()
