@@ -9,20 +9,28 @@ use std::time::Duration;
 use super::cache::evict_over_cap;
 use super::Db;
 
-#[tokio::test]
-async fn a_surplus_past_the_cap_is_evicted_in_chunks_to_the_cap() {
+/// A database of 1 300 entries of one scope, and `then` run on it.
+async fn thirteen_hundred_entries(then: &str) -> (tempfile::TempDir, Db) {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(&dir.path().join("chunks.db"), false)
-        .await
-        .unwrap();
-    let write = &db.sqlite().write;
-    sqlx::raw_sql(
+    let db = Db::open(&dir.path().join("evict.db"), false).await.unwrap();
+    sqlx::raw_sql(&format!(
         "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1300)
          INSERT INTO cache_entries (key, scope, model, format, answer, created_at, expires_at)
-         SELECT CAST(printf('%016d', i) AS BLOB), 'team:1', 'gpt-4o-mini', 'openai', '{}',
+         SELECT CAST(printf('%016d', i) AS BLOB), 'team:1', 'gpt-4o-mini', 'openai', '{{}}',
                 '2026-12-05T10:00:00.000000Z', '2999-01-01T00:00:00.000000Z'
          FROM n;
-         -- Each deletion made slow (a join of 200 × 200 rows per entry), so that a reader
+         {then}",
+    ))
+    .execute(&db.sqlite().write)
+    .await
+    .unwrap();
+    (dir, db)
+}
+
+#[tokio::test]
+async fn a_surplus_past_the_cap_is_evicted_in_chunks_to_the_cap() {
+    let (_dir, db) = thirteen_hundred_entries(
+        "-- Each deletion made slow (a join of 200 × 200 rows per entry), so that a reader
          -- polling the table sees every write's commit, however fast the machine.
          CREATE TABLE pad (n INTEGER);
          WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200)
@@ -30,9 +38,7 @@ async fn a_surplus_past_the_cap_is_evicted_in_chunks_to_the_cap() {
          CREATE TRIGGER stretch AFTER DELETE ON cache_entries
          BEGIN SELECT COUNT(*) FROM pad a, pad b; END;",
     )
-    .execute(write)
-    .await
-    .unwrap();
+    .await;
     let done = AtomicBool::new(false);
     let evict = async {
         let keys = evict_over_cap(&db, 100).await.unwrap();
@@ -69,22 +75,13 @@ async fn a_surplus_past_the_cap_is_evicted_in_chunks_to_the_cap() {
 /// until the next rebuild: keys in memory for rows gone (s31 final attack F3).
 #[tokio::test]
 async fn a_chunk_that_fails_keeps_the_keys_of_the_chunks_before_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(&dir.path().join("fails.db"), false).await.unwrap();
-    sqlx::raw_sql(
-        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1300)
-         INSERT INTO cache_entries (key, scope, model, format, answer, created_at, expires_at)
-         SELECT CAST(printf('%016d', i) AS BLOB), 'team:1', 'gpt-4o-mini', 'openai', '{}',
-                '2026-12-05T10:00:00.000000Z', '2999-01-01T00:00:00.000000Z'
-         FROM n;
-         -- The second write fails (a full disk, say): the first has taken the table to 800.
+    let (_dir, db) = thirteen_hundred_entries(
+        "-- The second write fails (a full disk, say): the first has taken the table to 800.
          CREATE TRIGGER full BEFORE DELETE ON cache_entries
          WHEN (SELECT COUNT(*) FROM cache_entries) <= 800
          BEGIN SELECT RAISE(ABORT, 'disk full'); END;",
     )
-    .execute(&db.sqlite().write)
-    .await
-    .unwrap();
+    .await;
     let keys = evict_over_cap(&db, 100).await.unwrap();
     assert_eq!(keys.len(), 500);
     let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM cache_entries")
