@@ -108,6 +108,14 @@ async fn member_and_key(app: &TestApp) -> (i64, String) {
     (id, key)
 }
 
+/// Member `id`'s `disabled`, 0 or 1 on either engine (PostgreSQL's is a boolean).
+async fn disabled(app: &TestApp, id: i64) -> i64 {
+    app.scalar(&format!(
+        "SELECT CASE WHEN disabled THEN 1 ELSE 0 END FROM users WHERE id = {id}"
+    ))
+    .await
+}
+
 async fn send(
     app: &TestApp,
     key: &str,
@@ -138,8 +146,7 @@ async fn admin_writes_refuse_what_they_cannot_read() {
     let app = spawn_app().await;
     let (id, key) = member_and_key(&app).await;
     let path = format!("/admin/api/v1/users/{id}");
-    let sql = format!("SELECT CASE WHEN disabled THEN 1 ELSE 0 END FROM users WHERE id = {id}");
-    let disabled = || app.scalar(&sql);
+    let disabled = || disabled(&app, id);
     let (status, v) = send(
         &app,
         &key,
@@ -238,7 +245,6 @@ async fn an_empty_or_list_flag_on_an_edit_is_refused() {
     let app = spawn_app().await;
     let (id, key) = member_and_key(&app).await;
     let path = format!("/admin/api/v1/users/{id}");
-    let sql = format!("SELECT CASE WHEN disabled THEN 1 ELSE 0 END FROM users WHERE id = {id}");
     let json = "application/json";
     let (status, _) = send(
         &app,
@@ -262,7 +268,7 @@ async fn an_empty_or_list_flag_on_an_edit_is_refused() {
             status == 400 && said.contains("disabled"),
             "{body}: {status} {v}"
         );
-        assert_eq!(app.scalar(&sql).await, 1, "{body}");
+        assert_eq!(disabled(&app, id).await, 1, "{body}");
     }
 }
 
@@ -301,12 +307,7 @@ async fn the_api_is_told_by_its_routed_path_and_a_gzip_body_is_read() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let disabled = app
-        .scalar(&format!(
-            "SELECT CASE WHEN disabled THEN 1 ELSE 0 END FROM users WHERE id = {id}"
-        ))
-        .await;
-    assert_eq!(disabled, 1);
+    assert_eq!(disabled(&app, id).await, 1);
     let r = client()
         .patch(format!("{}/admin/api/v1/users/{id}", app.address))
         .bearer_auth(&key)

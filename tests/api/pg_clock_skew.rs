@@ -482,6 +482,17 @@ async fn a_host_ahead_does_not_evict_other_hosts_live_entries() {
     assert_eq!(hit.entry.answer, answer);
 }
 
+/// A gateway on PostgreSQL whose clock is `off` from the true time (and the database's).
+async fn gateway_off_by(off: Duration) -> crate::helpers::TestApp {
+    let clock = Arc::new(ManualClock::new(Utc::now() + off));
+    crate::pg_gateway_app::spawn_app_on_full(
+        crate::pg_gateway_app::Engine::Postgres,
+        |_, _| {},
+        Some(clock as Arc<dyn Clock>),
+    )
+    .await
+}
+
 /// A gateway whose clock runs 2 h ahead stamps its entries' expiry on the database's
 /// clock (its time plus the offset its token poll learned): an entry it stores with a TTL
 /// of an hour expires an hour from the database's now, on every host. Before, it expired
@@ -489,13 +500,7 @@ async fn a_host_ahead_does_not_evict_other_hosts_live_entries() {
 /// asked for (s31 cache attack F3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_ahead_stamps_cache_expiry_on_the_databases_clock() {
-    let clock = Arc::new(ManualClock::new(Utc::now() + Duration::hours(2)));
-    let app = crate::pg_gateway_app::spawn_app_on_full(
-        crate::pg_gateway_app::Engine::Postgres,
-        |_, _| {},
-        Some(clock as Arc<dyn Clock>),
-    )
-    .await;
+    let app = gateway_off_by(Duration::hours(2)).await;
     let (_, token) = app.token("alice", None).await;
     let body = serde_json::json!({"model": "gpt-4o-mini", "temperature": 0,
         "messages": [{"role": "user", "content": "Why does the engine warning light blink?"}]});
@@ -528,13 +533,7 @@ async fn a_host_ahead_stamps_cache_expiry_on_the_databases_clock() {
 /// that chose a short `x-sluice-cache-ttl` got a stale answer (s31 cache attack F3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lagging_host_does_not_serve_an_entry_past_its_ttl() {
-    let clock = Arc::new(ManualClock::new(Utc::now() - Duration::minutes(10)));
-    let app = crate::pg_gateway_app::spawn_app_on_full(
-        crate::pg_gateway_app::Engine::Postgres,
-        |_, _| {},
-        Some(clock as Arc<dyn Clock>),
-    )
-    .await;
+    let app = gateway_off_by(-Duration::minutes(10)).await;
     let (_, token) = app.token("alice", None).await;
     let asked = |q: &str| {
         serde_json::json!({"model": "gpt-4o-mini", "temperature": 0,
