@@ -119,7 +119,10 @@ static SQL: LazyLock<[LevelSql; 3]> = LazyLock::new(|| {
                 // What a refund follows back (`cas::recarry_tx`): whether any carry of period
                 // `?2`'s spend exists (one probe of the level's partial index, empty but for
                 // a wrong clock's periods), the reservation's own row, then the first carry
-                // with reason `?2` after row `?3`.
+                // with reason `?2` after row `?3` — a rollback's, never a refund's own row
+                // taking a carry back (written with its request's id): followed, a refund
+                // of another request took the estimate to the day before, and the host's
+                // next day kept it whole (s32 stop attack F1).
                 carried: format!(
                     "SELECT 1 FROM ledger WHERE kind = 'adjust' AND reason = '{}' || ?2 || '{}' AND {id_col} = ?1 LIMIT 1",
                     CARRY_REASON.0, CARRY_REASON.1
@@ -129,11 +132,12 @@ static SQL: LazyLock<[LevelSql; 3]> = LazyLock::new(|| {
                 ),
                 carried_into: format!(
                     "SELECT {period_col}, id FROM ledger WHERE kind = 'adjust' AND reason = ?2 AND id > ?3 AND {id_col} = ?1
+                       AND request_id IS NULL
                      ORDER BY id LIMIT 1"
                 ),
                 uncarry: format!(
-                    "INSERT INTO ledger ({id_col}, period, user_period, team_period, kind, amount_micros, reason, created_at)
-                     VALUES (?1, ?2, ?2, ?2, 'adjust', ?3, ?4, ?5)"
+                    "INSERT INTO ledger ({id_col}, period, user_period, team_period, kind, amount_micros, reason, request_id, created_at)
+                     VALUES (?1, ?2, ?2, ?2, 'adjust', ?3, ?4, ?6, ?5)"
                 ),
                 period: format!("SELECT period FROM {table} WHERE id = ?1"),
                 reserve: format!(

@@ -1576,3 +1576,62 @@ on_both_stores!(
     a_retry_ahead_after_a_release_in_its_period_is_refunded_to_the_hosts_day,
     retry_ahead
 );
+
+/// As `retry_ahead`, with the host's midnight between the two rollbacks: the retry's
+/// refund follows the carry that took its estimate (into the new day), not the first row
+/// of the carry's reason after it — the release's own refund row (into the day before), so
+/// the new day kept the retry's whole estimate for a request of 1 R and the day before
+/// went below nothing (s32 stop attack F1, scenario A). With `settled_first` the retry
+/// settles while the level is back in the wrong period (scenario B: its refund wrote a
+/// stray row into the day before, and the next carry took its whole estimate).
+async fn retry_ahead_across_midnight(store: Store, settled_first: bool) {
+    let levels = [limit(20 * R, "daily"), unlimited(), unlimited()];
+    let w = WrongClock::new(&store, &levels).await;
+    let ahead: Arc<dyn Clock> = w.ahead.clone();
+    w.reserve_ahead("a1", 8 * R).await;
+    assert!(store.charge_one(&w.owner, "r0", &w.right).await.is_ok());
+    w.reserve_ahead("a2", 8 * R).await;
+    assert!(w.wrong.release("a1", ahead.clone()).await.is_some());
+    if settled_first {
+        w.wrong
+            .settle("a2", R, ahead.clone())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    w.right.advance(Duration::days(1));
+    assert!(store.charge_one(&w.owner, "r1", &w.right).await.is_ok());
+    if !settled_first {
+        w.wrong.settle("a2", R, ahead).await.unwrap().unwrap();
+    }
+    let (_, remaining, _) = store.level("tokens", w.owner.token_id).await;
+    let name = store.name();
+    assert_eq!(remaining, 18 * R, "{name}: 1 R today, 1 R of the retry");
+    let id = w.owner.token_id;
+    let day_before = store
+        .int(&format!(
+            "SELECT CAST(COALESCE(SUM(amount_micros), 0) AS BIGINT) FROM ledger WHERE token_id = {id} AND period = '2026-12-04' AND kind IN ('reserve', 'settle', 'adjust')"
+        ))
+        .await;
+    assert_eq!(day_before, R, "{name}: the day before spent its 1 R");
+    let (carried, spent) = carried_and_spent(&store, &w.owner, "2036-12-04").await;
+    assert_eq!(carried, spent, "{name}");
+    w.admits_exactly(&store, 18).await;
+    store.assert_settled().await;
+}
+
+async fn retry_ahead_settled_after_midnight(store: Store) {
+    retry_ahead_across_midnight(store, false).await
+}
+on_both_stores!(
+    a_refund_after_midnight_follows_its_own_carry_not_an_earlier_refund,
+    retry_ahead_settled_after_midnight
+);
+
+async fn retry_ahead_settled_before_midnight(store: Store) {
+    retry_ahead_across_midnight(store, true).await
+}
+on_both_stores!(
+    a_refund_in_the_wrong_period_leaves_no_row_in_the_day_before,
+    retry_ahead_settled_before_midnight
+);

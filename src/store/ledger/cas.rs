@@ -499,6 +499,7 @@ fn recarry_tx(tx: &mut Conn<'_>, r: &Refunded<'_>, now: &str) -> Result<Option<O
             (-r.refund).into(),
             reason.as_str().into(),
             now.into(),
+            r.request_id.into(),
         ];
         tx.execute(sql.uncarry.as_str(), &back)?;
         if into == r.current {

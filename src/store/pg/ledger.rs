@@ -190,9 +190,10 @@ const MAX_HOPS: usize = 4;
 
 /// After a refund into `held`, a period a wrong clock had put the level in and from which it
 /// was rolled back (as SQLite's `cas::recarry_tx`): the refund follows the estimate where
-/// the carries took it, each taking it back as a negative carry with its reason, and the
-/// level gets it when it lands in its current period (s30 last attack F1; s31 recarry
-/// attack F1, F2). Returns the level's remaining balance when it changed.
+/// the carries took it, each taking it back as a negative carry with its reason (and its
+/// request's id: only a rollback's carries, without one, are followed — s32 stop attack
+/// F1), and the level gets it when it lands in its current period (s30 last attack F1; s31
+/// recarry attack F1, F2). Returns the level's remaining balance when it changed.
 pub(super) async fn recarry(
     conn: &mut PgConnection,
     m: &Moved<'_>,
@@ -231,6 +232,7 @@ pub(super) async fn recarry(
         let reason = carry_back_reason(&from);
         let found: Option<(String, i64)> = sqlx::query_as(&format!(
             "SELECT {period_col}, id FROM ledger WHERE kind = 'adjust' AND reason = $2 AND id > $3 AND {id_col} = $1
+               AND request_id IS NULL
              ORDER BY id LIMIT 1"
         ))
         .bind(m.id)
@@ -242,14 +244,15 @@ pub(super) async fn recarry(
             return Ok(None);
         };
         sqlx::query(&format!(
-            "INSERT INTO ledger ({id_col}, period, user_period, team_period, kind, amount_micros, reason, created_at)
-             VALUES ($1, $2, $2, $2, 'adjust', $3, $4, $5)"
+            "INSERT INTO ledger ({id_col}, period, user_period, team_period, kind, amount_micros, reason, request_id, created_at)
+             VALUES ($1, $2, $2, $2, 'adjust', $3, $4, $6, $5)"
         ))
         .bind(m.id)
         .bind(&into)
         .bind(-m.refund)
         .bind(&reason)
         .bind(now)
+        .bind(m.request_id)
         .execute(&mut *conn)
         .await?;
         if into == m.current {
