@@ -107,6 +107,17 @@ pub async fn submit(
     state: web::Data<AppState>,
     payload: web::Payload,
 ) -> HttpResponse {
+    // No coding: inflated a chunk at a time before any limit applies, a 16 KiB gzip body
+    // became megabytes for anyone who can reach the form (s32 stop attack F2); no browser
+    // compresses a form.
+    if req
+        .headers()
+        .get(header::CONTENT_ENCODING)
+        .is_some_and(|c| !c.as_bytes().eq_ignore_ascii_case(b"identity"))
+    {
+        let e = AdminError::Unsupported("The sign-in form is read uncompressed.".into());
+        return with_headers(e.page());
+    }
     let body = match super::input::read_body(payload, &req, MAX_SIGN_IN).await {
         Ok(body) => body,
         Err(e) => return with_headers(e.page()),

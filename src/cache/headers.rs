@@ -2,7 +2,7 @@
 //! (`x-sluice-cache-ttl`, `x-sluice-cache-tags`): out of range is a 400 naming the header,
 //! in the client's format — never a panic, never a silent default.
 
-use actix_web::http::header::HeaderMap;
+use actix_web::http::header::{HeaderMap, HeaderValue};
 use chrono::{DateTime, Duration, Utc};
 
 use crate::error::ApiError;
@@ -36,8 +36,11 @@ pub struct Asked<'h> {
     pub(super) ttl: Option<i64>,
     /// `x-sluice-cache-tags`, in number and length.
     pub(super) tags: Vec<&'h str>,
-    /// `anthropic-beta` (it changes what the model returns, so it is part of the key).
-    pub(super) beta: Option<&'h str>,
+    /// `anthropic-beta` (it changes what the model returns, so it is part of the key):
+    /// read as text only when the cache keys a request by it — it is the provider's
+    /// header, forwarded as it came, so a value that is not text is no bad request when
+    /// the cache is not asked (s32 stop attack F3).
+    pub(super) beta: Option<&'h HeaderValue>,
 }
 
 impl<'h> Asked<'h> {
@@ -55,8 +58,24 @@ impl<'h> Asked<'h> {
                 .map(parse_ttl)
                 .transpose()?,
             tags: parse_tags(header(headers, "x-sluice-cache-tags")?)?,
-            beta: header(headers, "anthropic-beta")?.filter(|b| !b.is_empty()),
+            beta: headers.get("anthropic-beta"),
         })
+    }
+}
+
+impl Asked<'_> {
+    /// `anthropic-beta` as text, trimmed (absent when empty); one that is not visible ASCII
+    /// is refused by name.
+    pub(super) fn beta(&self) -> Result<Option<&str>, ApiError> {
+        let name = "anthropic-beta";
+        self.beta
+            .map(|v| {
+                v.to_str().map(str::trim).map_err(|_| {
+                    ApiError::invalid(name, format!("{name} must be visible ASCII text"))
+                })
+            })
+            .transpose()
+            .map(|b| b.filter(|b| !b.is_empty()))
     }
 }
 

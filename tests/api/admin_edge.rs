@@ -94,6 +94,17 @@ async fn a_sign_in_body_past_its_size_is_refused() {
     let long = "p".repeat(20_000);
     let resp = post_login(&app, &http, &pre, &csrf, "root", &long, None).await;
     assert_eq!(resp.status(), 413);
+    // Nor is a compressed one inflated: a chunk is inflated whole before any limit.
+    let resp = http
+        .post(format!("{}/admin/login", app.address))
+        .header("cookie", format!("sluice_login={pre}"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("content-encoding", "gzip")
+        .body(vec![0x1f, 0x8b, 0x08, 0x00])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 415);
 }
 
 /// A member of a team, and an admin API key: (member id, key).
