@@ -1463,6 +1463,56 @@ on_both_stores!(
     ahead_through_a_middle_period
 );
 
+/// As `ahead_through_a_middle_period`, with the level back in the middle period (a roll
+/// forward) when the reservation settles, and the host's midnight before the next
+/// rollback: the refund is credited in the middle period and the carry that took the
+/// estimate on out of it is taken back too — it stopped at the credit, the next rollback
+/// carried −6 R into the host's new day (7 R over its limit) and the day before kept the
+/// whole estimate (s32 last attack F1).
+async fn ahead_back_in_the_middle(store: Store) {
+    let w = WrongClock::daily(&store).await;
+    let middle_host = store.another().await;
+    let middle = clock_at("2026-12-10T10:00:00Z");
+    let ahead: Arc<dyn Clock> = w.ahead.clone();
+    w.reserve_ahead("ahead", 8 * R).await;
+    assert!(middle_host
+        .charge_one(&w.owner, "m0", &middle)
+        .await
+        .is_ok());
+    assert!(store.charge_one(&w.owner, "r0", &w.right).await.is_ok());
+    assert!(middle_host
+        .charge_one(&w.owner, "m1", &middle)
+        .await
+        .is_ok());
+    w.wrong.settle("ahead", R, ahead).await.unwrap().unwrap();
+    w.right.advance(Duration::days(1));
+    assert!(store.charge_one(&w.owner, "r1", &w.right).await.is_ok());
+    let name = store.name();
+    let (_, remaining, _) = store.level("tokens", w.owner.token_id).await;
+    assert_eq!(remaining, 8 * R, "{name}: m1 carried, r1 spent");
+    let id = w.owner.token_id;
+    let day_before = store
+        .int(&format!(
+            "SELECT CAST(COALESCE(SUM(amount_micros), 0) AS BIGINT) FROM ledger WHERE token_id = {id} AND period = '2026-12-04' AND kind IN ('reserve', 'settle', 'adjust')"
+        ))
+        .await;
+    assert_eq!(
+        day_before,
+        3 * R,
+        "{name}: m0, r0 and the 1 R the reservation cost"
+    );
+    for from in ["2036-12-04", "2026-12-10"] {
+        let (carried, spent) = carried_and_spent(&store, &w.owner, from).await;
+        assert_eq!(carried, spent, "{name}: {from}");
+    }
+    w.admits_exactly(&store, 8).await;
+    store.assert_settled().await;
+}
+on_both_stores!(
+    a_refund_landing_in_a_period_since_carried_out_takes_that_carry_back_too,
+    ahead_back_in_the_middle
+);
+
 /// Two reservations ahead, settled together after the rollback: each is told a balance
 /// some order of the two settlements gives — at the last, the level's (s31 recarry attack
 /// F3: in one grouped statement the second was told the balance before either refund).

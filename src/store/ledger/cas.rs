@@ -473,8 +473,9 @@ pub(super) struct Refunded<'a> {
 /// the refund already (its roll forward counted the estimate too): the carry is taken
 /// back all the same, or the next rollback's carry came out negative and credited the
 /// host's next period with what the one before paid (s31 recarry2 attack F1); no carry of
-/// `held` goes into `held`, so nothing is credited twice. Returns the level's remaining
-/// balance when it changed.
+/// `held` goes into `held`, so nothing is credited twice. Landing in the level's current
+/// period the refund is credited there and followed on all the same (s32 last attack F1).
+/// Returns the level's remaining balance when it changed.
 fn recarry_tx(tx: &mut Conn<'_>, r: &Refunded<'_>, now: &str) -> Result<Option<Option<i64>>> {
     let sql = &SQL[r.level.idx()];
     let any = [r.id.into(), r.held.into()];
@@ -486,12 +487,13 @@ fn recarry_tx(tx: &mut Conn<'_>, r: &Refunded<'_>, now: &str) -> Result<Option<O
         return Ok(None);
     };
     let mut from = r.held.to_string();
+    let mut credited = None;
     for _ in 0..MAX_HOPS {
         let reason = carry_back_reason(&from);
         let find = [r.id.into(), reason.as_str().into(), after.into()];
         let found = tx.query_row(sql.carried_into.as_str(), &find, |x| (x.text(0), x.int(1)))?;
         let Some((Some(into), Some(carry))) = found else {
-            return Ok(None);
+            break;
         };
         let back = [
             r.id.into(),
@@ -502,11 +504,15 @@ fn recarry_tx(tx: &mut Conn<'_>, r: &Refunded<'_>, now: &str) -> Result<Option<O
             r.request_id.into(),
         ];
         tx.execute(sql.uncarry.as_str(), &back)?;
+        // Credited where the level is, and followed on: a carry that took the estimate
+        // out of that period before the level came back to it is taken back too (else the
+        // next rollback's carry came out negative: s32 last attack F1). Carries only go
+        // into earlier periods, so the chain passes the current one once.
         if into == r.current {
             let credit = [(-r.refund).into(), r.id.into(), r.current.into()];
-            return tx.query_row(sql.debit.as_str(), &credit, |x| x.int(0));
+            credited = tx.query_row(sql.debit.as_str(), &credit, |x| x.int(0))?;
         }
         (from, after) = (into, carry);
     }
-    Ok(None)
+    Ok(credited)
 }

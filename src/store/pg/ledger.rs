@@ -228,6 +228,7 @@ pub(super) async fn recarry(
         None => return Ok(None),
     };
     let mut from = m.held.clone();
+    let mut credited = None;
     for _ in 0..MAX_HOPS {
         let reason = carry_back_reason(&from);
         let found: Option<(String, i64)> = sqlx::query_as(&format!(
@@ -241,7 +242,7 @@ pub(super) async fn recarry(
         .fetch_optional(&mut *conn)
         .await?;
         let Some((into, carry)) = found else {
-            return Ok(None);
+            break;
         };
         sqlx::query(&format!(
             "INSERT INTO ledger ({id_col}, period, user_period, team_period, kind, amount_micros, reason, request_id, created_at)
@@ -255,8 +256,10 @@ pub(super) async fn recarry(
         .bind(m.request_id)
         .execute(&mut *conn)
         .await?;
+        // Credited where the level is, and followed on (as SQLite's: a carry out of that
+        // period since is taken back too, s32 last attack F1).
         if into == m.current {
-            let left: Option<Option<i64>> = sqlx::query_scalar(&format!(
+            credited = sqlx::query_scalar(&format!(
                 "UPDATE {table} SET remaining_micros = remaining_micros + $1 WHERE id = $2 AND period = $3 RETURNING remaining_micros"
             ))
             .bind(m.refund)
@@ -264,11 +267,10 @@ pub(super) async fn recarry(
             .bind(&m.current)
             .fetch_optional(&mut *conn)
             .await?;
-            return Ok(left);
         }
         (from, after) = (into, carry);
     }
-    Ok(None)
+    Ok(credited)
 }
 
 /// Rolls a level from `stored` over to `period` of rule `reset` (conditionally on the stored
