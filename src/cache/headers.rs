@@ -36,10 +36,8 @@ pub struct Asked<'h> {
     pub(super) ttl: Option<i64>,
     /// `x-sluice-cache-tags`, in number and length.
     pub(super) tags: Vec<&'h str>,
-    /// `anthropic-beta` (it changes what the model returns, so it is part of the key):
-    /// read as text only when the cache keys a request by it — it is the provider's
-    /// header, forwarded as it came, so a value that is not text is no bad request when
-    /// the cache is not asked (s32 stop attack F3).
+    /// `anthropic-beta` (it changes what the model returns, so it is part of the key): the
+    /// provider's header, forwarded as it came, so never refused (s32 stop attack F3).
     pub(super) beta: Option<&'h HeaderValue>,
 }
 
@@ -64,18 +62,17 @@ impl<'h> Asked<'h> {
 }
 
 impl Asked<'_> {
-    /// `anthropic-beta` as text, trimmed (absent when empty); one that is not visible ASCII
-    /// is refused by name.
-    pub(super) fn beta(&self) -> Result<Option<&str>, ApiError> {
-        let name = "anthropic-beta";
-        self.beta
-            .map(|v| {
-                v.to_str().map(str::trim).map_err(|_| {
-                    ApiError::invalid(name, format!("{name} must be visible ASCII text"))
-                })
-            })
-            .transpose()
-            .map(|b| b.filter(|b| !b.is_empty()))
+    /// `anthropic-beta` for the key: its text, trimmed (absent when empty), or — not text —
+    /// its bytes escaped, so two values never share a key. Never refused: it is the
+    /// provider's header, forwarded as it came, and refused in the plan (after the windows)
+    /// it cost a request slot (s32 last attack F2).
+    pub(super) fn beta(&self) -> Option<String> {
+        let beta = self.beta?;
+        let text = match beta.to_str() {
+            Ok(text) => text.trim().to_string(),
+            Err(_) => beta.as_bytes().escape_ascii().to_string(),
+        };
+        (!text.is_empty()).then_some(text)
     }
 }
 

@@ -229,7 +229,7 @@ impl Cache {
         };
         // A request header that changes the answer is part of the key: Anthropic's beta
         // features (forwarded to Anthropic upstreams) can change what the model returns.
-        let key_scope = match asked.beta()? {
+        let key_scope = match asked.beta() {
             Some(beta) => format!("{scope}\u{1f}anthropic-beta={beta}"),
             None => scope.clone(),
         };

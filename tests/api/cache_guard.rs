@@ -440,3 +440,31 @@ async fn a_bad_cache_header_is_named_before_the_windows_count_it() {
         assert_eq!(r.status(), 200);
     }
 }
+
+/// A non-text `anthropic-beta` on a cacheable request is keyed by its bytes, not refused:
+/// refused by the cache plan, after the windows, it took a request slot and the next got a
+/// 429 (s32 last attack F2); the same header on an uncached request was forwarded.
+#[tokio::test]
+async fn a_non_text_anthropic_beta_on_a_cached_route_is_keyed_not_refused() {
+    let app = spawn_app().await;
+    let (_, token) = app.token("beta", None).await;
+    let ask = |beta: &'static [u8]| {
+        app.http
+            .post(format!("{}/v1/chat/completions", app.address))
+            .bearer_auth(&token)
+            .header(
+                "anthropic-beta",
+                reqwest::header::HeaderValue::from_bytes(beta).unwrap(),
+            )
+            .json(&question("What is the boiling point of water?"))
+            .send()
+    };
+    let first = ask(b"caf\xe9").await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(cache_of(&first), "miss");
+    app.wait_for_cache_entries(1).await;
+    let again = ask(b"caf\xe9").await.unwrap();
+    assert_eq!(cache_of(&again), "hit-exact");
+    let other = ask(b"caf\xe8").await.unwrap();
+    assert_eq!(cache_of(&other), "miss", "another value is another key");
+}
