@@ -584,7 +584,7 @@ impl Cache {
         // Each step forgets what it deleted before the next may fail.
         let expired = keys(store::cache::evict_expired(&self.db, now).await?);
         self.forget(&expired);
-        let over = keys(store::cache::evict_over_cap(&self.db, self.cfg.max_entries).await?);
+        let over = keys(store::cache::evict_over_cap(&self.db, self.cfg.max_entries, now).await?);
         self.forget(&over);
         Ok((expired.len() + over.len()) as u64)
     }

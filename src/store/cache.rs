@@ -189,7 +189,8 @@ pub async fn evict_expired(db: &super::Db, now: DateTime<Utc>) -> Result<Vec<Vec
     )
 }
 
-/// The query of the ids of the entries past a cap (bound at `param`), on either engine.
+/// The query of the ids of the entries past a cap (bound at `cap`), on either engine, the
+/// instant `now` judging which tokens have expired.
 ///
 /// No scope's entries go for another's (s31 cache attack F2: the oldest of the whole
 /// table went, so one team storing many cheap entries pushed every other team's out).
@@ -198,25 +199,40 @@ pub async fn evict_expired(db: &super::Db, now: DateTime<Utc>) -> Result<Vec<Vec
 /// that rank, newest first among equal ranks. That is an equal share of the cap per
 /// scope, a scope under its share keeping all of its entries and leaving the rest to the
 /// others: a scope loses entries only while it holds more than the other scopes leave it.
-/// The surplus is worked out from the rows the query sees, not from an earlier count.
-pub(super) fn past_cap(param: &str) -> String {
+/// A scope no request can reach any more — a token's (`cache.scope = "token"`) that is
+/// revoked, rotated (its old text speaks as the successor, whose keys differ) or expired
+/// — is placed after every reachable one, so its entries go first: with an equal share
+/// each, dead tokens held the cap for their unreachable entries until these expired, up
+/// to a year (s31 evict attack F1). The surplus is worked out from the rows the query
+/// sees, not from an earlier count.
+pub(super) fn past_cap(cap: &str, now: &str) -> String {
     format!(
         "SELECT id FROM (
-           SELECT id, ROW_NUMBER() OVER (ORDER BY in_scope, id DESC) AS place
-           FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY scope ORDER BY id DESC) AS in_scope
+           SELECT id, ROW_NUMBER() OVER (ORDER BY gone, in_scope, id DESC) AS place
+           FROM (SELECT id,
+                        ROW_NUMBER() OVER (PARTITION BY scope ORDER BY id DESC) AS in_scope,
+                        CASE WHEN scope IN (
+                          SELECT 'token:' || id FROM tokens
+                          WHERE revoked_at IS NOT NULL OR successor_id IS NOT NULL
+                                OR expires_at <= {now}
+                        ) THEN 1 ELSE 0 END AS gone
                  FROM cache_entries) AS ranked
          ) AS placed
-         WHERE place > {param}"
+         WHERE place > {cap}"
     )
 }
 
 /// Deletes the entries past `max_entries`, each scope's oldest beyond its share first
 /// (`past_cap`); returns their keys.
-pub async fn evict_over_cap(db: &super::Db, max_entries: u64) -> Result<Vec<Vec<u8>>> {
+pub async fn evict_over_cap(
+    db: &super::Db,
+    max_entries: u64,
+    now: DateTime<Utc>,
+) -> Result<Vec<Vec<u8>>> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(sqlite) => sqlite,
         super::Backend::Postgres(pg) => {
-            return super::pg::cache::evict_over_cap(&pg.pool, max_entries).await
+            return super::pg::cache::evict_over_cap(&pg.pool, max_entries, now).await
         }
     };
     // `as i64` would read a `max_entries` past i64::MAX as negative: everything "over".
@@ -234,8 +250,9 @@ pub async fn evict_over_cap(db: &super::Db, max_entries: u64) -> Result<Vec<Vec<
     // cap stays past it whatever is stored meanwhile (a new row only moves others down),
     // and replicas evicting at once delete the same ids; only rows another replica
     // deleted in between (an invalidation) can take the table that many below the cap.
-    let ids: Vec<i64> = sqlx::query_scalar(&past_cap("?"))
+    let ids: Vec<i64> = sqlx::query_scalar(&past_cap("?1", "?2"))
         .bind(cap)
+        .bind(db_time(now))
         .fetch_all(&sqlite.read)
         .await?;
     // In chunks, each a write of its own: a surplus of 100 000 answers of a few KB deleted

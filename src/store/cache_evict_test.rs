@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::cache::evict_over_cap;
 use super::Db;
+use chrono::Utc;
 
 /// A database of 1 300 entries of one scope, and `then` run on it.
 async fn thirteen_hundred_entries(then: &str) -> (tempfile::TempDir, Db) {
@@ -41,7 +42,7 @@ async fn a_surplus_past_the_cap_is_evicted_in_chunks_to_the_cap() {
     .await;
     let done = AtomicBool::new(false);
     let evict = async {
-        let keys = evict_over_cap(&db, 100).await.unwrap();
+        let keys = evict_over_cap(&db, 100, Utc::now()).await.unwrap();
         done.store(true, Ordering::Release);
         keys
     };
@@ -82,7 +83,7 @@ async fn a_chunk_that_fails_keeps_the_keys_of_the_chunks_before_it() {
          BEGIN SELECT RAISE(ABORT, 'disk full'); END;",
     )
     .await;
-    let keys = evict_over_cap(&db, 100).await.unwrap();
+    let keys = evict_over_cap(&db, 100, Utc::now()).await.unwrap();
     assert_eq!(keys.len(), 500);
     let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM cache_entries")
         .fetch_one(&db.sqlite().read)
@@ -90,5 +91,5 @@ async fn a_chunk_that_fails_keeps_the_keys_of_the_chunks_before_it() {
         .unwrap();
     assert_eq!(left, 800);
     // With nothing deleted yet, the failure is the caller's to see.
-    assert!(evict_over_cap(&db, 100).await.is_err());
+    assert!(evict_over_cap(&db, 100, Utc::now()).await.is_err());
 }

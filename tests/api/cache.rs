@@ -942,6 +942,78 @@ async fn one_scope_cannot_evict_another_scopes_entries(engine: crate::pg_gateway
 }
 crate::on_both_engines!(one_scope_cannot_evict_another_scopes_entries);
 
+/// With `cache.scope = "token"`, the entries of a token no request can use any more — one
+/// revoked, one rotated (its old text now speaks as the successor, whose keys differ), one
+/// expired — go before any live token's: each dead scope kept its equal share of the cap,
+/// unreachable, and a live token lost its entries to them (s31 evict attack F1; the
+/// live token kept 2 of its 10).
+async fn a_dead_tokens_entries_go_before_a_live_tokens(engine: crate::pg_gateway_app::Engine) {
+    use crate::admin_helpers::{login, make_login};
+    let app = crate::pg_gateway_app::spawn_app_on(engine, |s, _| {
+        s.cache.max_entries = 10;
+        s.cache.scope = "token".into();
+    })
+    .await;
+    make_login(&app, "root", "admin", None).await;
+    let admin = login(&app, "root").await;
+    let mut dead = Vec::new();
+    for (i, name) in ["revoked", "rotated", "expired"].into_iter().enumerate() {
+        let (id, text) = app.token(name, None).await;
+        for j in 0..3 {
+            let q = question(&format!("WVWZZZ1JZXW{:06}", 10 * i + j));
+            assert_eq!(ask(&app, &text, &q).await.0, "miss");
+        }
+        dead.push(id);
+    }
+    app.wait_for_cache_entries(9).await;
+    sluice::cli::token_revoke(app.db(), dead[0], chrono::Utc::now())
+        .await
+        .unwrap();
+    let (s, r) = admin
+        .post(
+            &format!("/admin/api/v1/tokens/{}/rotate", dead[1]),
+            &json!({ "overlap_seconds": 3600 }),
+        )
+        .await;
+    assert_eq!(s, 201, "{r}");
+    sql_exec(
+        app.db(),
+        &format!(
+            "UPDATE tokens SET expires_at = '2020-01-01T00:00:00.000Z' WHERE id = {}",
+            dead[2]
+        ),
+    )
+    .await;
+
+    let (_, live) = app.token("live", None).await;
+    let kept: Vec<Value> = (0..10)
+        .map(|i| question(&format!("WVWZZZ1JZXW{:06}", 500 + i)))
+        .collect();
+    for q in &kept {
+        assert_eq!(ask(&app, &live, q).await.0, "miss");
+    }
+    app.wait_for_cache_entries(19).await;
+    assert_eq!(
+        app.state.cache.evict(chrono::Utc::now()).await.unwrap(),
+        9,
+        "down to the cap"
+    );
+    for q in &kept {
+        assert_eq!(ask(&app, &live, q).await.0, "hit-exact");
+    }
+    for id in dead {
+        assert_eq!(
+            app.scalar(&format!(
+                "SELECT COUNT(*) FROM cache_entries WHERE scope = 'token:{id}'"
+            ))
+            .await,
+            0,
+            "token {id} can be asked nothing: its entries went first"
+        );
+    }
+}
+crate::on_both_engines!(a_dead_tokens_entries_go_before_a_live_tokens);
+
 /// Hosts that evict at the same moment delete the surplus once between them: each
 /// counted the table and then deleted that many more of the oldest, so the entries went
 /// down by the surplus once per host (s31 cache attack F2, multi-host). Four hosts on one

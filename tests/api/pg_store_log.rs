@@ -274,7 +274,7 @@ async fn cache_batches_replace_and_tags_match_as_on_sqlite() {
     assert!(!expired.is_empty());
     same(
         "evict over the cap",
-        sorted(pool_write_both!(b, cache::evict_over_cap(3))),
+        sorted(pool_write_both!(b, cache::evict_over_cap(3, at(20, 12)))),
     );
     let (l, p) = read_both!(b, cache::keys_after(0, at(20, 12)));
     assert_eq!(keys_of(&l.unwrap()), keys_of(&p.unwrap()));

@@ -172,7 +172,11 @@ pub async fn evict_expired(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<Vec<
 /// One host evicts at a time: the others, finding the lock taken, leave it to that one
 /// (each counted and then deleted its own surplus, so hosts whose minutes met deleted it
 /// once each; s31 cache attack F2).
-pub async fn evict_over_cap(pool: &PgPool, max_entries: u64) -> Result<Vec<Vec<u8>>> {
+pub async fn evict_over_cap(
+    pool: &PgPool,
+    max_entries: u64,
+    now: DateTime<Utc>,
+) -> Result<Vec<Vec<u8>>> {
     let cap = i64::try_from(max_entries).unwrap_or(i64::MAX);
     let mut tx = pool.begin().await?;
     let ours: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
@@ -188,12 +192,13 @@ pub async fn evict_over_cap(pool: &PgPool, max_entries: u64) -> Result<Vec<Vec<u
     if count <= cap {
         return Ok(Vec::new());
     }
-    let past = crate::store::cache::past_cap("$1");
+    let past = crate::store::cache::past_cap("$1", "$2");
     // One statement: the surplus is the one it sees, whatever another host did before.
     let keys = sqlx::query_scalar(&format!(
         "DELETE FROM cache_entries WHERE id IN ({past}) RETURNING key"
     ))
     .bind(cap)
+    .bind(db_time(now))
     .fetch_all(&mut *tx)
     .await?;
     tx.commit().await?;
