@@ -879,6 +879,62 @@ mod tests {
     /// table's header says against which, and what could not be checked): (model,
     /// effective, input, cached input, output, audio input) in micro-dollars per million
     /// tokens — a kind the row leaves out at its default (cached and audio at the input).
+    /// Every Anthropic figure, re-checked 2026-12-05 against genai-prices 0.2.5 (pydantic's
+    /// table, each model citing platform.claude.com's pricing page) and LiteLLM 1.110.2:
+    /// all agree but Sonnet 5.5's cache hit, 0.05× its input like Opus 5.5's (the row had
+    /// Sonnet 5's 0.1×, $0.20: its cache reads billed at twice the price).
+    #[test]
+    fn the_anthropic_figures_are_the_pages() {
+        // (model, effective, input, cache hit, output, 5-minute write, 1-hour write,
+        // web search per 1 000 calls)
+        #[rustfmt::skip]
+        let checked: [(&str, &str, i64, i64, i64, i64, i64, i64); 19] = [
+            ("claude-fable-5-1", "2026-09-01", 10_000_000, 250_000, 50_000_000, 12_500_000, 20_000_000, 10_000_000),
+            ("claude-fable-5", "2026-06-09", 10_000_000, 1_000_000, 50_000_000, 12_500_000, 20_000_000, 10_000_000),
+            ("claude-opus-5-5", "2026-09-23", 4_000_000, 200_000, 20_000_000, 5_000_000, 8_000_000, 10_000_000),
+            ("claude-opus-5", "2026-07-24", 5_000_000, 500_000, 25_000_000, 6_250_000, 10_000_000, 10_000_000),
+            ("claude-opus-4-6", "2026-02-05", 5_000_000, 500_000, 25_000_000, 6_250_000, 10_000_000, 10_000_000),
+            ("claude-sonnet-5-5", "2026-09-28", 2_000_000, 100_000, 10_000_000, 2_500_000, 4_000_000, 10_000_000),
+            ("claude-sonnet-5", "2026-06-30", 2_000_000, 200_000, 10_000_000, 2_500_000, 4_000_000, 10_000_000),
+            ("claude-sonnet-4-6", "2026-02-17", 3_000_000, 300_000, 15_000_000, 3_750_000, 6_000_000, 10_000_000),
+            ("claude-haiku-5-5", "2026-10-07", 100_000, 10_000, 500_000, 125_000, 200_000, 10_000_000),
+            ("claude-opus-4-5", "2025-11-24", 5_000_000, 500_000, 25_000_000, 6_250_000, 10_000_000, 10_000_000),
+            ("claude-opus-4-1", "2025-08-05", 15_000_000, 1_500_000, 75_000_000, 18_750_000, 30_000_000, 10_000_000),
+            ("claude-opus-4", "2025-05-22", 15_000_000, 1_500_000, 75_000_000, 18_750_000, 30_000_000, 10_000_000),
+            ("claude-sonnet-4-5", "2025-09-29", 3_000_000, 300_000, 15_000_000, 3_750_000, 6_000_000, 10_000_000),
+            ("claude-sonnet-4", "2025-05-22", 3_000_000, 300_000, 15_000_000, 3_750_000, 6_000_000, 10_000_000),
+            ("claude-3-7-sonnet", "2025-02-24", 3_000_000, 300_000, 15_000_000, 3_750_000, 6_000_000, 10_000_000),
+            ("claude-3-5-sonnet", "2024-06-20", 3_000_000, 300_000, 15_000_000, 3_750_000, 6_000_000, 0),
+            ("claude-haiku-4-5", "2025-10-15", 1_000_000, 100_000, 5_000_000, 1_250_000, 2_000_000, 10_000_000),
+            ("claude-3-5-haiku", "2024-11-04", 800_000, 80_000, 4_000_000, 1_000_000, 1_600_000, 10_000_000),
+            ("claude-3-haiku", "2024-03-13", 250_000, 30_000, 1_250_000, 300_000, 500_000, 0),
+        ];
+        type Row<'a> = (&'a str, String, i64, i64, i64, i64, i64, i64);
+        let rows: Vec<Row> = bundled()
+            .entries
+            .iter()
+            .filter(|e| e.provider == "anthropic")
+            .map(|e| {
+                let p = e.dated.prices;
+                (
+                    e.model.as_str(),
+                    e.dated.from.date_naive().to_string(),
+                    p.input,
+                    p.cached_input,
+                    p.output,
+                    p.cache_write_5m,
+                    p.cache_write_1h,
+                    p.web_search_per_1k_calls,
+                )
+            })
+            .collect();
+        let want: Vec<Row> = checked
+            .iter()
+            .map(|&(m, d, i, c, o, w5, w1, s)| (m, d.to_string(), i, c, o, w5, w1, s))
+            .collect();
+        assert_eq!(rows, want);
+    }
+
     #[test]
     fn the_openai_and_gemini_figures_are_the_pages() {
         #[rustfmt::skip]
