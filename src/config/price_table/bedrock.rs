@@ -8,7 +8,7 @@
 //! from that model's entries, every kind they carry:
 //!
 //! - on a `global.` profile at Anthropic's list price, and
-//! - on any other (a geographic profile `us.` / `eu.` / `apac.` / `jp.` / `au.`, or the
+//! - on any other (a geographic profile `us.` / `eu.` / `apac.` / `jp.` / `au.` / `in.`, or the
 //!   bare id, served in one Region) at 1.1 × it, each rate rounded up to the micro-dollar
 //!   per million tokens, web search included.
 //!
@@ -25,10 +25,16 @@
 //!   regional endpoint — with regional priced 10% higher than global"; and "The older
 //!   Claude 3.5 Sonnet is priced at $6 / $30 on Bedrock" — twice Anthropic's list price.
 //!
-//! Neither Anthropic's statement of it nor AWS's Claude figures were found stored: the
-//! 1.1 × is the two third parties' figure, and AWS's "approximately 10% savings" is what
-//! it gives (global is 1 / 1.1 of regional, 9.1 % less). Unverified, so every rate is
-//! rounded up.
+//! - Re-checked 2026-12-05: genai-prices 0.2.5 (PyPI; its AWS rows cite the AWS price
+//!   list API, "Claude … (Amazon Bedrock Edition)") prices every geographic profile — `in.`
+//!   (India) among them — and the bare in-Region id at exactly 1.1 × the `global.` rate,
+//!   which is Anthropic's list, on every rate of every Claude of 4.5 and later (85 rates),
+//!   and with no premium before 4.5; LiteLLM 1.110.2 agrees on the profiles (340 rates).
+//!
+//! Neither Anthropic's statement of it nor AWS's own page was found stored: the 1.1 × is
+//! the third parties' figure, AWS's price list as genai-prices reads it, and what AWS's
+//! "approximately 10% savings" gives (global is 1 / 1.1 of regional, 9.1 % less). Every
+//! rate is rounded up.
 //!
 //! Claude before 4.5 is not priced here: Bedrock bills a model it serves past Anthropic's
 //! retirement above Anthropic's list (Claude 3.5 Sonnet, above), and no source gives
@@ -44,7 +50,7 @@ use super::{without_date_suffix, Table};
 use crate::quota::schedule::Dated;
 
 /// The cross-Region inference profiles' prefixes; `global` is the one at the list price.
-const GEOS: [&str; 6] = ["us", "eu", "apac", "jp", "au", "global"];
+const GEOS: [&str; 7] = ["us", "eu", "apac", "jp", "au", "in", "global"];
 
 /// The regional premium, in thousandths: 1.1 × the global (list) price.
 const REGIONAL_PERMILLE: i64 = 1_100;
@@ -180,6 +186,7 @@ mod tests {
             (Some("apac"), "apac."),
             (Some("jp"), "jp."),
             (Some("au"), "au."),
+            (Some("in"), "in."),
             (Some("global"), "global."),
         ] {
             for rest in [
