@@ -714,6 +714,13 @@ pub async fn adjust(
     actor: &str,
     now: DateTime<Utc>,
 ) -> Result<()> {
+    // A refund follows a rollback's carry by its reason (`carried_into`): an adjustment
+    // written with that text would be followed as a carry (s32 last attack F4).
+    if reason.starts_with(CARRY_REASON.0) && reason.ends_with(CARRY_REASON.1) {
+        return Err(StoreError::Invalid(format!(
+            "the reason \"{reason}\" is the text of the gateway's own carry rows; word the adjustment otherwise"
+        )));
+    }
     if let super::Backend::Postgres(pg) = &db.backend {
         return super::pg::ledger::adjust(pg, token_id, amount, reason, actor, now).await;
     }

@@ -276,6 +276,38 @@ async fn admin_edits_during_traffic_never_lose_spend(engine: Engine) {
 }
 on_both_engines!(admin_edits_during_traffic_never_lose_spend);
 
+/// A refund follows a rollback's carry by its reason text; an operator's adjustment
+/// written with that text was followed as one — a later refund took an estimate back
+/// into a period it was never carried from (s32 last attack F4). Such a reason is refused,
+/// naming why, and nothing is written; any other text is taken as ever.
+async fn an_adjustment_cannot_take_a_carrys_reason(engine: Engine) {
+    let app = spawn_app_on(engine, |_, _| {}).await;
+    let (id, _) = app.token("gwen", Some("10")).await;
+    let rows = format!("SELECT COUNT(*) FROM ledger WHERE token_id = {id}");
+    let before = app.scalar(&rows).await;
+    let forged =
+        "the spend of period 2036-12-04, carried back: a clock ahead had rolled the level into it";
+    let change = sluice::cli::BudgetChange::Adjust {
+        micros: 5,
+        reason: forged.into(),
+    };
+    let err = sluice::cli::token_budget(app.db(), id, change, chrono::Utc::now())
+        .await
+        .expect_err("a carry's reason is the gateway's own");
+    assert!(err.to_string().contains("reason"), "{err}");
+    assert_eq!(app.scalar(&rows).await, before, "nothing written");
+    let change = sluice::cli::BudgetChange::Adjust {
+        micros: 5,
+        reason: "the spend of period 2036-12-04, refunded by hand".into(),
+    };
+    sluice::cli::token_budget(app.db(), id, change, chrono::Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(app.scalar(&rows).await, before + 1);
+    app.assert_invariant().await;
+}
+on_both_engines!(an_adjustment_cannot_take_a_carrys_reason);
+
 async fn a_period_reset_under_load_splits_spend_between_the_periods(engine: Engine) {
     let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
     let app =
