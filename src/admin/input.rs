@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use super::error::AdminError;
-use crate::body::BodyError;
+use crate::body::{BodyError, Coding};
 use crate::state::AppState;
 
 const MAX_BODY: usize = 256 * 1024;
@@ -108,8 +108,8 @@ impl<T: DeserializeOwned> FromRequest for Query<T> {
     }
 }
 
-/// Reads an admin request's body whole (`body::read`): at most `limit` bytes, within
-/// `server.body_timeout_seconds`.
+/// Reads an admin request's body whole (`body::read_decoded`): at most `limit` bytes, on
+/// the wire and decoded, within `server.body_timeout_seconds`.
 pub async fn read_body<S>(
     payload: S,
     req: &HttpRequest,
@@ -122,21 +122,24 @@ where
         .app_data::<web::Data<AppState>>()
         .map(|state| Duration::from_secs(state.settings.server.body_timeout_seconds))
         .ok_or(AdminError::Internal)?;
-    // Decoded as actix's own body extractors decode it (gzip, deflate), the limit on the
-    // decoded bytes; any other coding is named, not read as garbage (s32 diff2 attack F3).
+    // Decoded as actix's own body extractors decode it (gzip, zlib `deflate`), held to the
+    // limit as it is inflated (`body::read_decoded`); any other coding is named, not read
+    // as garbage (s32 diff2 attack F3).
     let coding = req
         .headers()
         .get(header::CONTENT_ENCODING)
         .map(|v| v.to_str().unwrap_or_default().trim().to_ascii_lowercase());
-    if let Some(coding) =
-        coding.filter(|c| !matches!(c.as_str(), "identity" | "gzip" | "x-gzip" | "deflate"))
-    {
-        return Err(AdminError::Unsupported(format!(
-            "content-encoding `{coding}` is not read: send the body as gzip or uncompressed"
-        )));
-    }
-    let payload = actix_web::dev::Decompress::from_headers(payload, req.headers());
-    crate::body::read(payload, req.headers(), limit, within)
+    let coding = match coding.as_deref() {
+        None | Some("identity") => Coding::Identity,
+        Some("gzip" | "x-gzip") => Coding::Gzip,
+        Some("deflate") => Coding::Deflate,
+        Some(other) => {
+            return Err(AdminError::Unsupported(format!(
+                "content-encoding `{other}` is not read: send the body as gzip or uncompressed"
+            )))
+        }
+    };
+    crate::body::read_decoded(payload, req.headers(), coding, limit, within)
         .await
         .map_err(|e| match e {
             BodyError::TooLarge(_) => AdminError::TooLarge,
