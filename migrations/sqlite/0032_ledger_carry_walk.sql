@@ -9,9 +9,7 @@ CREATE INDEX ledger_rollback_carries_token ON ledger(token_id, reason, id) WHERE
 CREATE INDEX ledger_rollback_carries_user ON ledger(user_id, reason, id) WHERE kind = 'adjust' AND request_id IS NULL;
 CREATE INDEX ledger_rollback_carries_team ON ledger(team_id, reason, id) WHERE kind = 'adjust' AND request_id IS NULL;
 
--- The walk starts after the reservation's own `reserve` row, looked up by its request id
--- and found by it here, not among every row of the held period of its level — a team's
--- month of spend (no index on `request_id` since 0011 dropped SQLite's; PostgreSQL never
--- had one). Partial on `reserve` rows, the only ones looked up so: one page more per
--- reservation, none per settlement.
-CREATE INDEX ledger_reserve_request ON ledger(request_id) WHERE kind = 'reserve';
+-- The reservation's own `reserve` row, where the walk starts, is still found among the
+-- held period's rows of its level (`ledger_<level>_period`): an index on `request_id`
+-- would write one page more on every reservation (0011 dropped `ledger_request` for that
+-- cost) for a lookup made only after a wrong clock's rollback. PostgreSQL has one (0020).
