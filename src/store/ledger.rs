@@ -118,8 +118,10 @@ static SQL: LazyLock<[LevelSql; 3]> = LazyLock::new(|| {
                 ),
                 // What a refund follows back (`cas::recarry_tx`): whether any carry of period
                 // `?2`'s spend exists (one probe of the level's partial index, empty but for
-                // a wrong clock's periods), the reservation's own row, then the first carry
-                // with reason `?2` after row `?3` — a rollback's, never a refund's own row
+                // a wrong clock's periods), the reservation's own row (by its request id:
+                // `ledger_reserve_request`), then the first carry with reason `?2` after row
+                // `?3` — a rollback's (its own partial index `ledger_rollback_carries_<level>`,
+                // predicate and all: migration 0032), never a refund's own row
                 // taking a carry back (written with its request's id): followed, a refund
                 // of another request took the estimate to the day before, and the host's
                 // next day kept it whole (s32 stop attack F1).

@@ -1,9 +1,12 @@
 //! The statements that look a rollback's carries up by reason — the settlement's probe
-//! (`carried`), where a refund follows the estimate (`carried_into`) and the rollback's
-//! `done` sum (`carry_back`) — read each level's carries through its partial index
-//! `ledger_carries_<level>` (migration 0030): the ledger holds millions of rows and the
-//! carries a handful, so a plan without the index reads a level's whole history on every
-//! settlement that probes.
+//! (`carried`) and the rollback's `done` sum (`carry_back`) — read each level's carries
+//! through its partial index `ledger_carries_<level>` (migration 0030): the ledger holds
+//! millions of rows and the carries a handful, so a plan without the index reads a level's
+//! whole history on every settlement that probes. Where a refund follows the estimate
+//! (`carried_into`) reads a rollback's carries only, through
+//! `ledger_rollback_carries_<level>` (0032), whose predicate holds its `request_id IS
+//! NULL`; and the reservation's own row (`reserve_row`) among the held period's rows of
+//! its level, through `ledger_<level>_period` (on PostgreSQL by its request id, 0020).
 
 use sqlx::sqlite::SqliteArguments;
 use sqlx::Arguments;
@@ -46,11 +49,6 @@ async fn each_levels_carry_lookups_use_its_partial_index() {
         for (what, statement, params) in [
             ("carried", &sql.carried, vec![P::Id(7), P::Text("2026-12")]),
             (
-                "carried_into",
-                &sql.carried_into,
-                vec![P::Id(7), P::Text("2027-01, carried back"), P::Id(3)],
-            ),
-            (
                 "carry_back",
                 &sql.carry_back,
                 vec![
@@ -66,6 +64,32 @@ async fn each_levels_carry_lookups_use_its_partial_index() {
             assert!(
                 plan.contains(&index),
                 "{what} of the {} level reads its carries without {index}:\n{plan}",
+                level.as_str()
+            );
+        }
+        // The refund's walk reads a rollback's carries only (no request id): through the
+        // index whose predicate says so, not reading every refund's row and dropping it.
+        let walk = [
+            (
+                "carried_into",
+                &sql.carried_into,
+                vec![P::Id(7), P::Text("2027-01, carried back"), P::Id(3)],
+                format!("INDEX ledger_rollback_carries_{} (", level.as_str()),
+            ),
+            (
+                "reserve_row",
+                &sql.reserve_row,
+                vec![P::Id(7), P::Text("2026-12"), P::Text("r1")],
+                // No request-id index on SQLite (a page more per reservation, 0011): the
+                // level's period index, not a scan of the ledger.
+                format!("INDEX ledger_{}_period (", level.as_str()),
+            ),
+        ];
+        for (what, statement, params, index) in walk {
+            let plan = plan(&db, statement, &params).await;
+            assert!(
+                plan.contains(&index),
+                "{what} of the {} level reads the ledger without {index}:\n{plan}",
                 level.as_str()
             );
         }

@@ -116,6 +116,36 @@ fn carry_back_sql(level: Level) -> String {
     )
 }
 
+/// `recarry`'s probe: whether a carry with reason `$2` exists on level id `$1` — one probe
+/// of the level's partial index `ledger_carries_<level>`.
+fn carried_sql(level: Level) -> String {
+    let id_col = TABLES[idx(level)].1;
+    format!("SELECT 1 FROM ledger WHERE kind = 'adjust' AND reason = $2 AND {id_col} = $1 LIMIT 1")
+}
+
+/// `recarry`'s start: the ledger row of reservation `$3` in period `$2` of level id `$1`,
+/// found through `ledger_reserve_request` (migration 0020) — else among every row of that
+/// period of the level, a team's month of spend.
+fn reserve_row_sql(level: Level) -> String {
+    let (_, id_col, period_col) = TABLES[idx(level)];
+    format!(
+        "SELECT id FROM ledger WHERE {id_col} = $1 AND {period_col} = $2 AND request_id = $3 AND kind = 'reserve'"
+    )
+}
+
+/// `recarry`'s step: the first rollback's carry (no request id) with reason `$2` on level
+/// id `$1` after ledger row `$3`, through `ledger_rollback_carries_<level>` (migration
+/// 0020), whose predicate holds the query's `request_id IS NULL`: through
+/// `ledger_carries_<level>` it read, and dropped, every refund's row taking a carry back.
+fn carried_into_sql(level: Level) -> String {
+    let (_, id_col, period_col) = TABLES[idx(level)];
+    format!(
+        "SELECT {period_col}, id FROM ledger WHERE kind = 'adjust' AND reason = $2 AND id > $3 AND {id_col} = $1
+           AND request_id IS NULL
+         ORDER BY id LIMIT 1"
+    )
+}
+
 /// The period `level` (its row's `period` column, `at`) is in when a settlement's refund
 /// may have to follow a carried estimate (`recarry`), else NULL: it is no longer the
 /// reservation's (`held`), or a carry of `held`'s spend exists — a wrong clock's period the
@@ -147,9 +177,11 @@ pub(super) fn follow_columns(rows: [&str; 3]) -> [String; 3] {
     })
 }
 
-/// The statements that look a rollback's carries up by reason, for the check that the
-/// planner reads each level's through its partial index `ledger_carries_<level>` (migration
-/// 0018; `tests/api/pg_carry_index.rs`): a plan without it reads a level's whole history.
+/// The statements that look a rollback's carries up by reason, and a refund's reservation
+/// row, for the check that the planner reads each through its index —
+/// `ledger_carries_<level>` (migration 0018), `ledger_rollback_carries_<level>` and
+/// `ledger_reserve_request` (0020; `tests/api/pg_carry_index.rs`): a plan without them
+/// reads a level's whole history, or its held period.
 /// Production code never calls it.
 #[doc(hidden)]
 pub fn carry_lookups() -> CarryLookups {
@@ -157,6 +189,9 @@ pub fn carry_lookups() -> CarryLookups {
         settle: cas::SETTLE.as_str(),
         settle_many: group::SETTLE_MANY.as_str(),
         carry_back: LEVELS.map(carry_back_sql),
+        carried: LEVELS.map(carried_sql),
+        reserve_row: LEVELS.map(reserve_row_sql),
+        carried_into: LEVELS.map(carried_into_sql),
     }
 }
 
@@ -171,6 +206,13 @@ pub struct CarryLookups {
     /// Per level, in `LEVELS` order, a rollback's carry: `$1` the id, `$2` the period
     /// carried into, `$3` the one carried from, `$4` the reason, `$5` the time.
     pub carry_back: [String; 3],
+    /// Per level, `recarry`'s probe: `$1` the id, `$2` the reason.
+    pub carried: [String; 3],
+    /// Per level, `recarry`'s reservation row: `$1` the id, `$2` its period, `$3` its
+    /// request id.
+    pub reserve_row: [String; 3],
+    /// Per level, `recarry`'s step: `$1` the id, `$2` the reason, `$3` the row after which.
+    pub carried_into: [String; 3],
 }
 
 /// A level a settlement found in another period than its reservation's (`held`): its id
@@ -202,27 +244,23 @@ pub(super) async fn recarry(
     if m.refund <= 0 {
         return Ok(None);
     }
-    let (table, id_col, period_col) = TABLES[idx(m.level)];
+    let (table, id_col, _) = TABLES[idx(m.level)];
     // As SQLite's: first whether anything of `held` was carried at all (one probe of the
     // partial index), since most levels found moved crossed a boundary, nothing carried.
-    let carried: Option<i32> = sqlx::query_scalar(&format!(
-        "SELECT 1 FROM ledger WHERE kind = 'adjust' AND reason = $2 AND {id_col} = $1 LIMIT 1"
-    ))
-    .bind(m.id)
-    .bind(carry_back_reason(&m.held))
-    .fetch_optional(&mut *conn)
-    .await?;
+    let carried: Option<i32> = sqlx::query_scalar(&carried_sql(m.level))
+        .bind(m.id)
+        .bind(carry_back_reason(&m.held))
+        .fetch_optional(&mut *conn)
+        .await?;
     if carried.is_none() {
         return Ok(None);
     }
-    let mut after: i64 = match sqlx::query_scalar(&format!(
-        "SELECT id FROM ledger WHERE {id_col} = $1 AND {period_col} = $2 AND request_id = $3 AND kind = 'reserve'"
-    ))
-    .bind(m.id)
-    .bind(&m.held)
-    .bind(m.request_id)
-    .fetch_optional(&mut *conn)
-    .await?
+    let mut after: i64 = match sqlx::query_scalar(&reserve_row_sql(m.level))
+        .bind(m.id)
+        .bind(&m.held)
+        .bind(m.request_id)
+        .fetch_optional(&mut *conn)
+        .await?
     {
         Some(id) => id,
         None => return Ok(None),
@@ -231,16 +269,12 @@ pub(super) async fn recarry(
     let mut credited = None;
     for _ in 0..MAX_HOPS {
         let reason = carry_back_reason(&from);
-        let found: Option<(String, i64)> = sqlx::query_as(&format!(
-            "SELECT {period_col}, id FROM ledger WHERE kind = 'adjust' AND reason = $2 AND id > $3 AND {id_col} = $1
-               AND request_id IS NULL
-             ORDER BY id LIMIT 1"
-        ))
-        .bind(m.id)
-        .bind(&reason)
-        .bind(after)
-        .fetch_optional(&mut *conn)
-        .await?;
+        let found: Option<(String, i64)> = sqlx::query_as(&carried_into_sql(m.level))
+            .bind(m.id)
+            .bind(&reason)
+            .bind(after)
+            .fetch_optional(&mut *conn)
+            .await?;
         let Some((into, carry)) = found else {
             break;
         };
