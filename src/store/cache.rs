@@ -203,19 +203,25 @@ pub async fn evict_expired(db: &super::Db, now: DateTime<Utc>) -> Result<Vec<Vec
 /// revoked, rotated (its old text speaks as the successor, whose keys differ) or expired
 /// — is placed after every reachable one, so its entries go first: with an equal share
 /// each, dead tokens held the cap for their unreachable entries until these expired, up
-/// to a year (s31 evict attack F1). The surplus is worked out from the rows the query
-/// sees, not from an earlier count.
-pub(super) fn past_cap(cap: &str, now: &str) -> String {
+/// to a year (s31 evict attack F1). Each entry probes its token by id (a token scope is
+/// `token:<id>`, and `CASE` tests the prefix before the cast): tokens are never deleted, so
+/// dead ones pile up, and the set of them read whole was rescanned for every entry on
+/// PostgreSQL once past `work_mem`, minutes inside the eviction's lock (s33 diff attack
+/// F1). The surplus is worked out from the rows the query sees, not from an earlier count.
+#[doc(hidden)] // public for the plan tests (`tests/api/pg_cache_plan.rs`)
+pub fn past_cap(cap: &str, now: &str) -> String {
     format!(
         "SELECT id FROM (
            SELECT id, ROW_NUMBER() OVER (ORDER BY gone, in_scope, id DESC) AS place
            FROM (SELECT id,
                         ROW_NUMBER() OVER (PARTITION BY scope ORDER BY id DESC) AS in_scope,
-                        CASE WHEN scope IN (
-                          SELECT 'token:' || id FROM tokens
-                          WHERE revoked_at IS NOT NULL OR successor_id IS NOT NULL
-                                OR expires_at <= {now}
-                        ) THEN 1 ELSE 0 END AS gone
+                        CASE WHEN scope NOT LIKE 'token:%' THEN 0
+                             WHEN EXISTS (
+                               SELECT 1 FROM tokens t
+                               WHERE t.id = CAST(SUBSTR(scope, 7) AS BIGINT)
+                                 AND (t.revoked_at IS NOT NULL OR t.successor_id IS NOT NULL
+                                      OR t.expires_at <= {now})
+                             ) THEN 1 ELSE 0 END AS gone
                  FROM cache_entries) AS ranked
          ) AS placed
          WHERE place > {cap}"

@@ -93,3 +93,26 @@ async fn a_chunk_that_fails_keeps_the_keys_of_the_chunks_before_it() {
     // With nothing deleted yet, the failure is the caller's to see.
     assert!(evict_over_cap(&db, 100, Utc::now()).await.is_err());
 }
+
+/// The eviction tells a dead token's scope by probing that token by its id, once per
+/// entry, not by reading every dead token (tokens are never deleted, so those pile up;
+/// PostgreSQL rescanned such a set for every entry past `work_mem`, s33 diff attack F1;
+/// its half is `tests/api/pg_cache_plan.rs`).
+#[tokio::test]
+async fn the_dead_token_probe_reads_the_token_by_its_id() {
+    let (_dir, db) = thirteen_hundred_entries("").await;
+    let sql = format!("EXPLAIN QUERY PLAN {}", super::cache::past_cap("?1", "?2"));
+    let rows: Vec<(i64, i64, i64, String)> = sqlx::query_as(&sql)
+        .bind(100_i64)
+        .bind("2026-12-05T10:00:00.000Z")
+        .fetch_all(&db.sqlite().read)
+        .await
+        .unwrap();
+    let plan: Vec<&str> = rows.iter().map(|r| r.3.as_str()).collect();
+    assert!(
+        plan.iter()
+            .any(|p| p.starts_with("SEARCH t USING INTEGER PRIMARY KEY")),
+        "{plan:#?}"
+    );
+    assert!(!plan.iter().any(|p| p.contains("SCAN tokens")), "{plan:#?}");
+}

@@ -56,6 +56,7 @@ mod operations;
 mod pg_admin;
 mod pg_admin_attack;
 mod pg_admin_hosts;
+mod pg_cache_plan;
 mod pg_carry_index;
 mod pg_cli;
 mod pg_cli_migrate;
