@@ -728,14 +728,24 @@ pub(crate) const USAGE_ESTIMATED: &str = "usage_estimated";
 /// model passes it).
 fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Candidate]) -> i64 {
     let live = state.live.snapshot();
-    let worst_at = |c: &attempts::Candidate| {
-        // Deployments keep their position across rebuilds; one not found (it cannot be)
-        // is taken at the largest count.
-        let provider = live
-            .catalog
+    // Deployments keep their position across rebuilds; one not found (it cannot be) is
+    // taken as Anthropic's: Claude's readers count the most.
+    let provider_of = |c: &attempts::Candidate| {
+        live.catalog
             .deployments
             .get(c.route.deployment)
-            .map_or(Provider::Anthropic, |d| d.provider);
+            .map_or(Provider::Anthropic, |d| d.provider)
+    };
+    // Server tools run only where the request reaches its upstream in its own format: a
+    // translated route refuses them (a 400, nothing billed), so it is no worst case.
+    // Priced, an OpenAI fallback reserved a Claude turn's searches and their pages at its
+    // own rates, eight times what the turn can cost on Claude (s33 diff attack F2).
+    let tools = p.kinds.server_tools.calls > 0 || p.kinds.web_search_calls > 0;
+    let can_run = |c: &&attempts::Candidate| {
+        !tools || providers::format_of(provider_of(c)) == p.endpoint.format().into()
+    };
+    let worst_at = |c: &attempts::Candidate| {
+        let provider = provider_of(c);
         let reader = p.reader(&c.route, provider).reserving();
         let first = first_step(state, p, c, reader);
         let usage = Usage {
@@ -754,7 +764,12 @@ fn reservation_amount(state: &AppState, p: &Prepared, candidates: &[attempts::Ca
         let tier_at = long_context::provider_may_count(reader, usage.input);
         pricing::cost(usage, dearest.for_input(tier_at, c.route.long_context))
     };
-    candidates.iter().map(worst_at).max().unwrap_or(0)
+    candidates
+        .iter()
+        .filter(can_run)
+        .map(worst_at)
+        .max()
+        .unwrap_or(0)
 }
 
 /// The input a request's first (or only) step reserves for on a candidate read by

@@ -183,6 +183,50 @@ async fn each_search_reserves_its_input_allowance() {
     app.assert_invariant().await;
 }
 
+/// Server tools run only where the request reaches its upstream in its own format: a
+/// translated route refuses them (a 400, nothing billed), so it reserves nothing. A model
+/// served by Claude and, as a fallback, by OpenAI's gpt-4o — whose bundled web-search fee
+/// ($25 per 1 000) is dearer than Claude's ($10) — reserved its searches at the OpenAI
+/// route's fee, a route that cannot run them (s33 diff attack F2): $2.50 for 100 searches
+/// where $1.00 is the most they can cost.
+#[tokio::test]
+async fn a_route_that_cannot_run_the_server_tools_reserves_none() {
+    let app = spawn_app_with(|s, mock| {
+        let mut an = upstream("an", KEY, mock);
+        an.provider = Provider::Anthropic;
+        an.base_url = mock.base_url();
+        s.upstreams.push(an);
+        // Input and output priced here, every other kind of each route from the bundled
+        // table by its upstream model.
+        let mut claude = model("claude", &[]);
+        claude.routes = vec![route("an", "claude-haiku-4-5")];
+        let mut mixed = claude.clone();
+        mixed.name = "mixed".into();
+        mixed.routes.push(route("a", "gpt-4o"));
+        s.models.extend([claude, mixed]);
+    })
+    .await;
+    let mut reserved = Vec::new();
+    for model in ["claude", "mixed"] {
+        let body = json!({"model": model, "max_tokens": 100,
+            "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 100}],
+            "messages": [{"role": "user", "content": "What is Sluice?"}]});
+        let (id, token) = app.token(model, Some("1000")).await;
+        app.mock.state.script(
+            KEY,
+            [Script {
+                body: Some(answer(100, 10, 0, json!([]))),
+                ..Script::default()
+            }],
+        );
+        let resp = app.messages(&token, &body).await;
+        assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+        reserved.push(last_reserve(&app, id).await);
+    }
+    assert_eq!(reserved[1], reserved[0], "the OpenAI fallback adds nothing");
+    app.assert_invariant().await;
+}
+
 /// A 400 in Anthropic's format whose message names `field`.
 async fn refused_naming(resp: reqwest::Response, field: &str) {
     assert_eq!(resp.status(), 400);
