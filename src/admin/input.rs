@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use actix_web::dev::Payload;
 use actix_web::error::PayloadError;
-use actix_web::http::header;
 use actix_web::{web, FromRequest, HttpRequest};
 use futures_util::Stream;
 use serde::de::DeserializeOwned;
@@ -125,20 +124,7 @@ where
     // Decoded as actix's own body extractors decode it (gzip, zlib `deflate`), held to the
     // limit as it is inflated (`body::read_decoded`); any other coding is named, not read
     // as garbage (s32 diff2 attack F3).
-    let coding = req
-        .headers()
-        .get(header::CONTENT_ENCODING)
-        .map(|v| v.to_str().unwrap_or_default().trim().to_ascii_lowercase());
-    let coding = match coding.as_deref() {
-        None | Some("identity") => Coding::Identity,
-        Some("gzip" | "x-gzip") => Coding::Gzip,
-        Some("deflate") => Coding::Deflate,
-        Some(other) => {
-            return Err(AdminError::Unsupported(format!(
-                "content-encoding `{other}` is not read: send the body as gzip or uncompressed"
-            )))
-        }
-    };
+    let coding = Coding::of(req.headers()).map_err(AdminError::Unsupported)?;
     crate::body::read_decoded(payload, req.headers(), coding, limit, within)
         .await
         .map_err(|e| match e {

@@ -233,8 +233,9 @@ impl From<QuotaError> for ApiError {
 }
 
 /// Reads a request body up to `server.max_body_bytes`, the whole of it within
-/// `server.body_timeout_seconds` (`body::read`); every failure (too large, cut, too slow, a
-/// bad `content-encoding`) becomes an `ApiError` the route renders in its format. The body
+/// `server.body_timeout_seconds`, a gzip or `deflate` one inflated within the limit
+/// (`body::read_decoded`); every failure (too large, cut, too slow, another
+/// `content-encoding`) becomes an `ApiError` the route renders in its format. The body
 /// comes before any window or queue counts the request.
 pub(crate) async fn read_body(
     payload: web::Payload,
@@ -243,7 +244,12 @@ pub(crate) async fn read_body(
 ) -> Result<web::Bytes, ApiError> {
     let limit = server.max_body_bytes;
     let within = std::time::Duration::from_secs(server.body_timeout_seconds);
-    crate::body::read(payload, req.headers(), limit, within)
+    let coding =
+        crate::body::Coding::of(req.headers()).map_err(|message| ApiError::InvalidRequest {
+            message,
+            param: None,
+        })?;
+    crate::body::read_decoded(payload, req.headers(), coding, limit, within)
         .await
         .map_err(|e| match e {
             BodyError::TooLarge(limit) => ApiError::RequestTooLarge(limit),
