@@ -125,6 +125,7 @@ impl Application {
     ) -> Result<Application, StartupError> {
         settings.validate()?;
         estimate::init();
+        crate::ops::memory::release_after_bursts();
         metrics::install();
         let db = Db::connect(&settings).await?;
         crate::store::tag_bound::set_bound(&db, &settings.finance).await?;
