@@ -56,13 +56,10 @@ pub enum Coding {
 impl Coding {
     /// The coding `headers` declare — none or `identity`, `gzip` (`x-gzip`), `deflate` — or,
     /// for any other, what the client is told: such a body is named, never read as the
-    /// JSON it is not (s32 diff2 attack F3 on the admin; s33 diff attack F3 on `/v1`, where
-    /// a gzip body was "not valid JSON").
+    /// JSON it is not (s32 diff2 attack F3). Two lines are two codings (`gzip, gzip`: a
+    /// body compressed twice), named as such (s33 late attack F4).
     pub fn of(headers: &HeaderMap) -> Result<Coding, String> {
-        let declared = headers
-            .get(actix_web::http::header::CONTENT_ENCODING)
-            .map(|v| v.to_str().unwrap_or_default().trim().to_ascii_lowercase());
-        match declared.as_deref() {
+        match declared(headers).as_deref() {
             None | Some("identity") => Ok(Coding::Identity),
             Some("gzip" | "x-gzip") => Ok(Coding::Gzip),
             Some("deflate") => Ok(Coding::Deflate),
@@ -71,6 +68,15 @@ impl Coding {
             )),
         }
     }
+}
+
+/// The `content-encoding` `headers` declare, lowercased, its lines joined as one list.
+pub fn declared(headers: &HeaderMap) -> Option<String> {
+    let lines: Vec<String> = headers
+        .get_all(actix_web::http::header::CONTENT_ENCODING)
+        .map(|v| v.to_str().unwrap_or_default().trim().to_ascii_lowercase())
+        .collect();
+    (!lines.is_empty()).then(|| lines.join(", "))
 }
 
 /// Reads `payload` whole, decoded from `coding`: at most `limit` bytes on the wire (a

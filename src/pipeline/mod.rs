@@ -233,10 +233,13 @@ impl From<QuotaError> for ApiError {
 }
 
 /// Reads a request body up to `server.max_body_bytes`, the whole of it within
-/// `server.body_timeout_seconds`, a gzip or `deflate` one inflated within the limit
-/// (`body::read_decoded`); every failure (too large, cut, too slow, another
-/// `content-encoding`) becomes an `ApiError` the route renders in its format. The body
-/// comes before any window or queue counts the request.
+/// `server.body_timeout_seconds` (`body::read_decoded`), as sent: a compressed body is
+/// refused naming its coding. Inflated, 2 KB of gzip became 2 MB of JSON parsed and counted
+/// before any window sees the request — every `/v1` body a thousand times cheaper to send
+/// (s33 late attack F2; ignored before, a gzip body was "not valid JSON", s33 diff attack
+/// F3). Every failure (too large, cut, too slow, compressed) becomes an `ApiError` the
+/// route renders in its format. The body comes before any window or queue counts the
+/// request.
 pub(crate) async fn read_body(
     payload: web::Payload,
     req: &HttpRequest,
@@ -244,24 +247,33 @@ pub(crate) async fn read_body(
 ) -> Result<web::Bytes, ApiError> {
     let limit = server.max_body_bytes;
     let within = std::time::Duration::from_secs(server.body_timeout_seconds);
-    let coding =
-        crate::body::Coding::of(req.headers()).map_err(|message| ApiError::InvalidRequest {
-            message,
+    if let Some(coding) = crate::body::declared(req.headers()).filter(|c| c != "identity") {
+        return Err(ApiError::InvalidRequest {
+            message: format!(
+                "content-encoding `{coding}` is not read here: send the body uncompressed"
+            ),
             param: None,
-        })?;
-    crate::body::read_decoded(payload, req.headers(), coding, limit, within)
-        .await
-        .map_err(|e| match e {
-            BodyError::TooLarge(limit) => ApiError::RequestTooLarge(limit),
-            BodyError::Unreadable => ApiError::InvalidRequest {
-                message: "The request body could not be read.".into(),
-                param: None,
-            },
-            BodyError::TooSlow(within) => ApiError::InvalidRequest {
-                message: BodyError::too_slow_message(within),
-                param: None,
-            },
-        })
+        });
+    }
+    crate::body::read_decoded(
+        payload,
+        req.headers(),
+        crate::body::Coding::Identity,
+        limit,
+        within,
+    )
+    .await
+    .map_err(|e| match e {
+        BodyError::TooLarge(limit) => ApiError::RequestTooLarge(limit),
+        BodyError::Unreadable => ApiError::InvalidRequest {
+            message: "The request body could not be read.".into(),
+            param: None,
+        },
+        BodyError::TooSlow(within) => ApiError::InvalidRequest {
+            message: BodyError::too_slow_message(within),
+            param: None,
+        },
+    })
 }
 
 /// Who the request's row is logged for: the owner `auth` acts as, and the token presented.
