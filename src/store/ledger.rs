@@ -118,8 +118,9 @@ static SQL: LazyLock<[LevelSql; 3]> = LazyLock::new(|| {
                 ),
                 // What a refund follows back (`cas::recarry_tx`): whether any carry of period
                 // `?2`'s spend exists (one probe of the level's partial index, empty but for
-                // a wrong clock's periods), the reservation's own row (by its request id:
-                // `ledger_reserve_request`), then the first carry with reason `?2` after row
+                // a wrong clock's periods), the reservation's own row (among the held
+                // period's rows of its level: no request-id index on SQLite, a page more
+                // per reservation), then the first carry with reason `?2` after row
                 // `?3` — a rollback's (its own partial index `ledger_rollback_carries_<level>`,
                 // predicate and all: migration 0032), never a refund's own row
                 // taking a carry back (written with its request's id): followed, a refund

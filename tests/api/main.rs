@@ -68,6 +68,7 @@ mod pg_liveness;
 mod pg_migrate_att;
 mod pg_migrate_attadmin;
 mod pg_migrate_old;
+mod pg_migrate_online;
 mod pg_money;
 mod pg_money_bench;
 mod pg_money_group_att;

@@ -5,7 +5,7 @@
 //! 0018): the ledger holds millions of rows and the carries a handful. The refund's walk
 //! (`recarry`) reads a rollback's carries through `ledger_rollback_carries_<level>`,
 //! whose predicate holds its `request_id IS NULL`, and finds the reservation's own row
-//! through `ledger_reserve_request` (0020). SQLite's half is the lib test
+//! through `ledger_reserve_request` (0020–0023). SQLite's half is the lib test
 //! `store::ledger::carry_index_test`.
 
 use sluice::store::pg::ledger::carry_lookups;

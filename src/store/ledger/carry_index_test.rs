@@ -6,7 +6,7 @@
 //! (`carried_into`) reads a rollback's carries only, through
 //! `ledger_rollback_carries_<level>` (0032), whose predicate holds its `request_id IS
 //! NULL`; and the reservation's own row (`reserve_row`) among the held period's rows of
-//! its level, through `ledger_<level>_period` (on PostgreSQL by its request id, 0020).
+//! its level, through `ledger_<level>_period` (on PostgreSQL by its request id, 0023).
 
 use sqlx::sqlite::SqliteArguments;
 use sqlx::Arguments;

@@ -124,7 +124,7 @@ fn carried_sql(level: Level) -> String {
 }
 
 /// `recarry`'s start: the ledger row of reservation `$3` in period `$2` of level id `$1`,
-/// found through `ledger_reserve_request` (migration 0020) — else among every row of that
+/// found through `ledger_reserve_request` (migration 0023) — else among every row of that
 /// period of the level, a team's month of spend.
 fn reserve_row_sql(level: Level) -> String {
     let (_, id_col, period_col) = TABLES[idx(level)];
@@ -135,7 +135,7 @@ fn reserve_row_sql(level: Level) -> String {
 
 /// `recarry`'s step: the first rollback's carry (no request id) with reason `$2` on level
 /// id `$1` after ledger row `$3`, through `ledger_rollback_carries_<level>` (migration
-/// 0020), whose predicate holds the query's `request_id IS NULL`: through
+/// 0020–0022), whose predicate holds the query's `request_id IS NULL`: through
 /// `ledger_carries_<level>` it read, and dropped, every refund's row taking a carry back.
 fn carried_into_sql(level: Level) -> String {
     let (_, id_col, period_col) = TABLES[idx(level)];
@@ -180,7 +180,7 @@ pub(super) fn follow_columns(rows: [&str; 3]) -> [String; 3] {
 /// The statements that look a rollback's carries up by reason, and a refund's reservation
 /// row, for the check that the planner reads each through its index —
 /// `ledger_carries_<level>` (migration 0018), `ledger_rollback_carries_<level>` and
-/// `ledger_reserve_request` (0020; `tests/api/pg_carry_index.rs`): a plan without them
+/// `ledger_reserve_request` (0020–0023; `tests/api/pg_carry_index.rs`): a plan without them
 /// reads a level's whole history, or its held period.
 /// Production code never calls it.
 #[doc(hidden)]

@@ -129,6 +129,36 @@ pub async fn open_session(opts: &PgConnectOptions) -> sqlx::Result<PgConnection>
     Ok(conn)
 }
 
+/// The indexes the migrations build `CONCURRENTLY` (0020–0023), so that writes go on while
+/// they build.
+const BUILT_CONCURRENTLY: [&str; 4] = [
+    "ledger_rollback_carries_token",
+    "ledger_rollback_carries_user",
+    "ledger_rollback_carries_team",
+    "ledger_reserve_request",
+];
+
+/// Rebuilds, still without stopping writes, any of `BUILT_CONCURRENTLY` an interrupted
+/// build left INVALID: never read, yet kept up on every write, and passed over by its
+/// migration's `IF NOT EXISTS` when it ran again.
+async fn rebuild_invalid(conn: &mut PgConnection) -> Result<()> {
+    let invalid: Vec<String> = sqlx::query_scalar(
+        "SELECT c.relname::text FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+         WHERE NOT i.indisvalid AND c.relname = ANY($1)",
+    )
+    .bind(&BUILT_CONCURRENTLY[..])
+    .fetch_all(&mut *conn)
+    .await?;
+    for name in invalid {
+        tracing::warn!(index = %name, "rebuilding an index an interrupted migration left invalid");
+        // The name is one of `BUILT_CONCURRENTLY`: no quoting needed.
+        sqlx::query(&format!("REINDEX INDEX CONCURRENTLY {name}"))
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
 impl PgDb {
     /// Connects to `url` (`postgres://…`) and applies the migrations. Every session the
     /// gateway opens is set up by `session_settings`: the pool's as it connects, the
@@ -143,6 +173,7 @@ impl PgDb {
         sqlx::migrate!("./migrations/postgres")
             .run(&mut migrating)
             .await?;
+        rebuild_invalid(&mut migrating).await?;
         migrating.close().await?;
         let pool = PgPoolOptions::new()
             .max_connections(16)

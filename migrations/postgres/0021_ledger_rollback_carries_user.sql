@@ -1,0 +1,16 @@
+-- no-transaction
+-- One index per file, built CONCURRENTLY outside a transaction (sqlx's `no-transaction`):
+-- a plain CREATE INDEX held a lock on the ledger that stopped every host's reservations
+-- and settlements (each past its 2 s lock timeout, a 503) for as long as the build read the
+-- whole ledger (s33 late attack F1). CONCURRENTLY cannot share a statement batch, hence
+-- the four files 0020–0023. An interrupted build leaves the index INVALID, and `IF NOT
+-- EXISTS` passes over it when the file runs again: `store::pg` rebuilds an invalid one at
+-- start (`REINDEX … CONCURRENTLY`).
+--
+-- A refund follows its reservation's estimate through a rollback's carries
+-- (`store::pg::ledger::recarry`), and reads only those: `adjust` rows with a carry's reason
+-- and no request id. A refund's own row taking a carry back has the reason too, and its
+-- request's id (since s32 stop attack F1); through `ledger_carries_<level>` (0018) the walk
+-- read each such row and dropped it. 0018's indexes stay: the rollback's sum of what
+-- earlier carries brought (`carry_back`) counts the refunds' rows too.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS ledger_rollback_carries_user ON ledger(user_id, reason, id) WHERE kind = 'adjust' AND request_id IS NULL;

@@ -1,0 +1,13 @@
+-- no-transaction
+-- One index per file, built CONCURRENTLY outside a transaction (sqlx's `no-transaction`):
+-- a plain CREATE INDEX held a lock on the ledger that stopped every host's reservations
+-- and settlements (each past its 2 s lock timeout, a 503) for as long as the build read the
+-- whole ledger (s33 late attack F1). CONCURRENTLY cannot share a statement batch, hence
+-- the four files 0020–0023. An interrupted build leaves the index INVALID, and `IF NOT
+-- EXISTS` passes over it when the file runs again: `store::pg` rebuilds an invalid one at
+-- start (`REINDEX … CONCURRENTLY`).
+--
+-- The refund's walk starts after the reservation's own `reserve` row, looked up by its
+-- request id and found by it here, not among every row of the held period of its level —
+-- a team's month of spend. Partial on `reserve` rows, the only ones looked up so.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS ledger_reserve_request ON ledger(request_id) WHERE kind = 'reserve';
