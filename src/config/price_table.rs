@@ -888,8 +888,9 @@ mod tests {
     fn the_anthropic_figures_are_the_pages() {
         // (model, effective, input, cache hit, output, 5-minute write, 1-hour write,
         // web search per 1 000 calls)
+        type Pinned = (&'static str, &'static str, i64, i64, i64, i64, i64, i64);
         #[rustfmt::skip]
-        let checked: [(&str, &str, i64, i64, i64, i64, i64, i64); 19] = [
+        let checked: [Pinned; 19] = [
             ("claude-fable-5-1", "2026-09-01", 10_000_000, 250_000, 50_000_000, 12_500_000, 20_000_000, 10_000_000),
             ("claude-fable-5", "2026-06-09", 10_000_000, 1_000_000, 50_000_000, 12_500_000, 20_000_000, 10_000_000),
             ("claude-opus-5-5", "2026-09-23", 4_000_000, 200_000, 20_000_000, 5_000_000, 8_000_000, 10_000_000),
