@@ -108,3 +108,49 @@ async fn an_index_an_interrupted_build_left_invalid_is_rebuilt_at_start() {
         .unwrap());
     db.close().await;
 }
+
+/// Two hosts starting at once on a database that needs the index migrations, a write in
+/// flight: both start and every index is valid. The second host waited in sqlx's blocking
+/// `pg_advisory_lock`, a statement open for the whole migration, which the first host's
+/// `CREATE INDEX CONCURRENTLY` waited for in turn — PostgreSQL aborted one of them (s33
+/// stop attack F1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hosts_starting_at_once_both_start_with_every_index_valid() {
+    let url = tokio::task::spawn_blocking(pg_server::database)
+        .await
+        .unwrap();
+    let mut setup = PgConnection::connect(&url).await.unwrap();
+    up_to(19).run(&mut setup).await.unwrap();
+    let mut inflight = PgConnection::connect(&url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut inflight).await.unwrap();
+    sqlx::query(LEDGER_ROW)
+        .execute(&mut inflight)
+        .await
+        .unwrap();
+    let start = |after: u64| {
+        let url = url.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(after)).await;
+            let key = sluice::secrets::MasterKey::from_hex(crate::pg_admin::MASTER_HEX).unwrap();
+            sluice::store::Db::open_postgres(&url, &key).await
+        }
+    };
+    let release = async {
+        // Past PostgreSQL's deadlock check (1 s) with both hosts waiting.
+        tokio::time::sleep(Duration::from_millis(1800)).await;
+        sqlx::query("COMMIT").execute(&mut inflight).await.unwrap();
+    };
+    let (first, second, ()) = tokio::join!(start(0), start(300), release);
+    for host in [first, second] {
+        host.expect("the host starts").close().await;
+    }
+    let valid: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+         WHERE i.indisvalid AND c.relname IN ('ledger_rollback_carries_token',
+           'ledger_rollback_carries_user', 'ledger_rollback_carries_team', 'ledger_reserve_request')",
+    )
+    .fetch_one(&mut setup)
+    .await
+    .unwrap();
+    assert_eq!(valid, 4);
+}

@@ -138,25 +138,69 @@ const BUILT_CONCURRENTLY: [&str; 4] = [
     "ledger_reserve_request",
 ];
 
-/// Rebuilds, still without stopping writes, any of `BUILT_CONCURRENTLY` an interrupted
-/// build left INVALID: never read, yet kept up on every write, and passed over by its
-/// migration's `IF NOT EXISTS` when it ran again.
+/// Builds again, still without stopping writes, any of `BUILT_CONCURRENTLY` an
+/// interrupted build left INVALID — never read, yet kept up on every write, and passed over
+/// by its migration's `IF NOT EXISTS` when it ran again: dropped and created anew from its
+/// own definition, both CONCURRENTLY. (`REINDEX … CONCURRENTLY` cut off in turn leaves a
+/// `_ccnew` copy nothing would ever drop: s33 stop attack F2.) Only the indexes of the
+/// schema the gateway's tables are found in.
 async fn rebuild_invalid(conn: &mut PgConnection) -> Result<()> {
-    let invalid: Vec<String> = sqlx::query_scalar(
-        "SELECT c.relname::text FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-         WHERE NOT i.indisvalid AND c.relname = ANY($1)",
+    let invalid: Vec<(String, String)> = sqlx::query_as(
+        "SELECT c.relname::text, pg_get_indexdef(i.indexrelid)
+         FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+         WHERE NOT i.indisvalid AND c.relname = ANY($1) AND pg_table_is_visible(c.oid)",
     )
     .bind(&BUILT_CONCURRENTLY[..])
     .fetch_all(&mut *conn)
     .await?;
-    for name in invalid {
-        tracing::warn!(index = %name, "rebuilding an index an interrupted migration left invalid");
-        // The name is one of `BUILT_CONCURRENTLY`: no quoting needed.
-        sqlx::query(&format!("REINDEX INDEX CONCURRENTLY {name}"))
+    for (name, definition) in invalid {
+        tracing::warn!(index = %name, "building again an index an interrupted migration left invalid");
+        // The name is one of `BUILT_CONCURRENTLY` (no quoting needed); the definition is
+        // PostgreSQL's own, `CREATE INDEX name ON …`.
+        let Some(rest) = definition.strip_prefix("CREATE INDEX ") else {
+            continue;
+        };
+        sqlx::query(&format!("DROP INDEX CONCURRENTLY IF EXISTS {name}"))
+            .execute(&mut *conn)
+            .await?;
+        sqlx::query(&format!("CREATE INDEX CONCURRENTLY {rest}"))
             .execute(&mut *conn)
             .await?;
     }
     Ok(())
+}
+
+/// The lock one host holds while it migrates and rebuilds: the others wait by trying it
+/// again every `MIGRATION_POLL`, each try a statement that ends at once. Waiting in sqlx's
+/// own blocking `pg_advisory_lock` instead, a second host's statement stayed open for the
+/// whole migration — and `CREATE INDEX CONCURRENTLY` waits for every transaction older than
+/// its build to end, so the two deadlocked and PostgreSQL aborted one: a host failing to
+/// start, or an index left invalid (s33 stop attack F1). Holding this one first, a host
+/// reaches sqlx's lock only when no other host is migrating.
+const MIGRATION_LOCK: i64 = 0x5_11CE_AD02;
+const MIGRATION_POLL: Duration = Duration::from_millis(100);
+
+async fn migrate(conn: &mut PgConnection) -> Result<()> {
+    while !sqlx::query_scalar::<_, bool>("SELECT pg_try_advisory_lock($1)")
+        .bind(MIGRATION_LOCK)
+        .fetch_one(&mut *conn)
+        .await?
+    {
+        tokio::time::sleep(MIGRATION_POLL).await;
+    }
+    let done = async {
+        sqlx::migrate!("./migrations/postgres")
+            .run(&mut *conn)
+            .await?;
+        rebuild_invalid(&mut *conn).await
+    }
+    .await;
+    // The session's end releases it too, should this statement fail.
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(MIGRATION_LOCK)
+        .execute(&mut *conn)
+        .await?;
+    done
 }
 
 impl PgDb {
@@ -170,10 +214,7 @@ impl PgDb {
         // change waits for the transactions in flight, as long as they take.
         let mut migrating = PgConnection::connect_with(&opts).await?;
         session_settings(&mut migrating, false).await?;
-        sqlx::migrate!("./migrations/postgres")
-            .run(&mut migrating)
-            .await?;
-        rebuild_invalid(&mut migrating).await?;
+        migrate(&mut migrating).await?;
         migrating.close().await?;
         let pool = PgPoolOptions::new()
             .max_connections(16)
