@@ -151,6 +151,22 @@ fn responses_usage_counts_its_web_search_calls() {
     assert_eq!(read.usage, Some(u));
 }
 
+/// A `web_search_call` item repeated under one id is one search (OpenAI bills a call, not
+/// its echoes); an item without an id is a call of its own (s33 stop attack F3).
+#[test]
+fn responses_web_search_calls_are_counted_once_per_id() {
+    let item = |id: Option<&str>| match id {
+        Some(id) => serde_json::json!({"type": "web_search_call", "id": id, "status": "completed"}),
+        None => serde_json::json!({"type": "web_search_call", "status": "completed"}),
+    };
+    let response = serde_json::json!({"output": [
+        item(Some("ws_1")), item(Some("ws_1")), item(Some("ws_1")), item(Some("ws_2")),
+        {"type": "message", "id": "ws_1", "content": []},
+        item(None), item(None),
+    ]});
+    assert_eq!(super::responses::web_search_calls(&response), 4);
+}
+
 #[test]
 fn anthropic_usage_with_both_cache_write_lifetimes_and_web_search_is_exact() {
     let u = answer_usage(

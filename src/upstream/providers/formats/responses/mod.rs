@@ -134,14 +134,22 @@ pub fn response_reported(response: &Value) -> Option<Reported> {
     Some(Reported::sides(usage, input, output))
 }
 
-/// How many `web_search_call` items a response's `output` holds.
+/// How many searches a response's `output` holds: its `web_search_call` items, one per
+/// distinct `id` (an item repeated under its id is one call billed once, however often a
+/// faulty upstream echoes it), an item without an id a call of its own.
 pub fn web_search_calls(response: &Value) -> i64 {
+    let mut ids = std::collections::HashSet::new();
     let calls = response
         .get("output")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
         .filter(|item| item.get("type").and_then(Value::as_str) == Some("web_search_call"))
+        .filter(|item| {
+            item.get("id")
+                .and_then(Value::as_str)
+                .is_none_or(|id| ids.insert(id))
+        })
         .count();
     i64::try_from(calls).unwrap_or(i64::MAX)
 }
