@@ -36,6 +36,7 @@ bench:
 	python3 bench/scenarios.py
 	./target/release/examples/quota_cas
 	./target/release/examples/cache_lookup
+	./target/release/examples/count_tokens
 
 # Sluice and a pinned LiteLLM proxy side by side (bench/README.md); not part of `make
 # test` or `make bench`. The first run installs LiteLLM from PyPI into target/litellm-venv.

@@ -11,12 +11,10 @@ use super::tokenizer::Counter;
 
 static BPE: OnceLock<Option<Counter>> = OnceLock::new();
 
-/// Builds the tokenizer; called once at start so the first request does not pay for it.
+/// Compiles the tokenizer's pattern; called once at start so the first request does not
+/// pay for it.
 pub fn init() {
     let _ = bpe();
-    // Building the counter builds (and drops) `tiktoken-rs`'s tables: ~200 000 small
-    // allocations that glibc would keep as free heap. Hand those pages back once.
-    crate::ops::memory::release_free();
 }
 
 fn bpe() -> Option<&'static Counter> {

@@ -1,27 +1,47 @@
-//! A compact o200k_base token counter: the same counts as `tiktoken-rs`, in a tenth of
-//! the memory.
+//! A compact o200k_base token counter: the same counts as `tiktoken-rs`, and no memory of
+//! its own until it counts.
 //!
 //! `tiktoken-rs` keeps its vocabulary as three hash maps of ~200 000 `Vec<u8>` each
-//! (encoder, decoder, sorted token list): ~47 MB, two thirds of the gateway's idle RSS, of
-//! which counting needs only the encoder. Here the vocabulary is one byte arena, one offset
-//! per rank and a hash table of ranks (`hashbrown::HashTable`, hashing the token bytes it
-//! finds through the offsets): ~4 MB. The tokens themselves still come from `tiktoken-rs`
-//! (built once at start, copied, dropped), so the vocabulary has one source; what is
-//! ours is the pre-tokenizer pattern (o200k's, copied from `tiktoken-rs`) and the merge
-//! loop (tiktoken's `_byte_pair_merge`'s merges, MIT, on a heap: `Counter::merged_len`).
+//! (encoder, decoder, sorted token list): ~47 MB, built from 3.6 MB of base64 text compiled
+//! into the binary. Here the vocabulary is three files compiled in as they are read
+//! (`o200k/`): every token's bytes in rank order, each rank's end offset, and an
+//! open-addressing table of ranks by their bytes' hash. Nothing is built at start: the
+//! pages are the binary's, read from disk as counting touches them and shared by every
+//! process that runs it — the counter built its tables on the heap at start before
+//! (4.3 MB of heap, plus the 3.6 MB text it was parsed from, resident while idle;
+//! issue 21 item 2). The files are o200k_base as `tiktoken-rs` has it:
+//! `tests::the_vocabulary_files_are_o200k` rebuilds them from it and compares (and
+//! `write_the_vocabulary_files`, ignored, writes them). What is ours is the pre-tokenizer
+//! pattern (o200k's, copied from `tiktoken-rs`) and the merge loop (tiktoken's
+//! `_byte_pair_merge`'s merges, MIT, on a heap: `Counter::merged_len`).
 //! `tests::same_counts_as_tiktoken` checks the counts against `tiktoken-rs` on a mixed
 //! corpus, and `tests::the_heap_merges_as_tiktoken_does` by property.
 
-use std::hash::BuildHasher;
-
 use fancy_regex::Regex;
-use hashbrown::HashTable;
-use rustc_hash::FxBuildHasher;
 
 type Rank = u32;
 
 /// o200k_base's ordinary (mergeable) tokens are the ranks `0..VOCAB`.
 const VOCAB: Rank = 199_998;
+
+/// Every token's bytes, in rank order.
+static TOKENS: &[u8] = include_bytes!("o200k/tokens.bin");
+/// Where rank `r`'s bytes end in `TOKENS` (a little-endian `u32` each); they start where
+/// rank `r - 1`'s end.
+static ENDS: &[u8] = include_bytes!("o200k/ends.bin");
+/// `SLOTS` little-endian `u32`s: `EMPTY`, or a rank (the low `RANK_BITS`) under the
+/// `TAG_BITS` of its bytes' hash that did not place it, so most probes of another key are
+/// refused without reading its bytes. Linear probing from the hash's top `SLOT_BITS`.
+static TABLE: &[u8] = include_bytes!("o200k/table.bin");
+
+const SLOT_BITS: u32 = 18;
+const SLOTS: usize = 1 << SLOT_BITS;
+const RANK_BITS: u32 = 18;
+const RANK_MASK: u32 = (1 << RANK_BITS) - 1;
+const TAG_BITS: u32 = 32 - RANK_BITS;
+/// No rank: its rank bits (2^18 − 1) are above every o200k rank.
+const EMPTY: u32 = u32::MAX;
+const _: () = assert!(VOCAB < RANK_MASK && (VOCAB as usize) < SLOTS);
 
 /// o200k_base's pre-tokenizer (from `tiktoken-rs`'s `o200k_base`).
 const PATTERN: &str = concat!(
@@ -41,68 +61,82 @@ const PATTERN: &str = concat!(
 );
 
 pub struct Counter {
-    /// Every token's bytes, in rank order.
-    arena: Box<[u8]>,
-    /// Where rank `r`'s bytes start; `ends[r] - starts[r]` is its length.
-    starts: Box<[u32]>,
-    ends: Box<[u32]>,
-    /// Ranks, found by their bytes.
-    ranks: HashTable<Rank>,
-    hasher: FxBuildHasher,
     pattern: Regex,
 }
 
-impl Counter {
-    /// Copies o200k_base's vocabulary out of `tiktoken-rs`.
-    pub fn o200k() -> Option<Counter> {
-        // The decoder panics on a rank it does not have; o200k has every rank below VOCAB
-        // (the test checks), but a panic here must not take the gateway down.
-        let tokens: Vec<Vec<u8>> = std::panic::catch_unwind(|| {
-            let bpe = tiktoken_rs::o200k_base().ok()?;
-            Some(bpe._decode_native_and_split((0..VOCAB).collect()).collect())
-        })
-        .ok()??;
-        Counter::new(&tokens, PATTERN)
+/// The `i`th little-endian `u32` of `words` (`EMPTY` past its end).
+fn word(words: &[u8], i: usize) -> u32 {
+    match words.get(i * 4..i * 4 + 4) {
+        Some(&[a, b, c, d]) => u32::from_le_bytes([a, b, c, d]),
+        _ => EMPTY,
     }
+}
 
-    fn new(tokens: &[Vec<u8>], pattern: &str) -> Option<Counter> {
-        let total: usize = tokens.iter().map(Vec::len).sum();
-        let mut arena = Vec::with_capacity(total);
-        let mut starts = Vec::with_capacity(tokens.len());
-        let mut ends = Vec::with_capacity(tokens.len());
-        for t in tokens {
-            starts.push(u32::try_from(arena.len()).ok()?);
-            arena.extend_from_slice(t);
-            ends.push(u32::try_from(arena.len()).ok()?);
-        }
-        let hasher = FxBuildHasher;
-        let mut ranks = HashTable::with_capacity(tokens.len());
-        for (rank, t) in tokens.iter().enumerate() {
-            let rank = Rank::try_from(rank).ok()?;
-            let (s, e) = (starts[rank as usize], ends[rank as usize]);
-            ranks.insert_unique(hasher.hash_one(t.as_slice()), rank, |&r: &Rank| {
-                let (s, e) = (starts[r as usize], ends[r as usize]);
-                hasher.hash_one(&arena[s as usize..e as usize])
-            });
-            debug_assert!(s <= e);
-        }
-        Some(Counter {
-            arena: arena.into_boxed_slice(),
-            starts: starts.into_boxed_slice(),
-            ends: ends.into_boxed_slice(),
-            ranks,
-            hasher,
-            pattern: Regex::new(pattern).ok()?,
-        })
+/// A token's hash: eight bytes at a time, each step a rotate, xor and multiply (FxHash's),
+/// the length mixed in last, then one more multiply so the top bits (the slot and the tag)
+/// depend on every byte. Ours, not a crate's: the table in the files was laid out by it.
+fn hash(bytes: &[u8]) -> u64 {
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+    let step = |h: u64, w: u64| (h.rotate_left(5) ^ w).wrapping_mul(K);
+    let mut chunks = bytes.chunks_exact(8);
+    let mut h = 0u64;
+    for c in &mut chunks {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        h = step(h, u64::from_le_bytes(w));
+    }
+    let mut tail = [0u8; 8];
+    tail[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
+    h = step(h, u64::from_le_bytes(tail));
+    step(h, bytes.len() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Where probing for `h` starts, and the tag a slot of it carries.
+fn slot_and_tag(h: u64) -> (usize, u32) {
+    let slot = (h >> (64 - SLOT_BITS)) as usize;
+    let tag = (h >> (64 - SLOT_BITS - TAG_BITS)) as u32 & ((1 << TAG_BITS) - 1);
+    (slot, tag)
+}
+
+/// Rank `rank`'s bytes.
+fn token(rank: Rank) -> &'static [u8] {
+    let r = rank as usize;
+    let start = if r == 0 {
+        0
+    } else {
+        word(ENDS, r - 1) as usize
+    };
+    TOKENS.get(start..word(ENDS, r) as usize).unwrap_or(&[])
+}
+
+impl Counter {
+    /// The o200k_base counter: its pattern compiled; `None` (the caller counts bytes) if
+    /// the files are not the sizes they must be.
+    pub fn o200k() -> Option<Counter> {
+        let sized = ENDS.len() == VOCAB as usize * 4
+            && TABLE.len() == SLOTS * 4
+            && word(ENDS, VOCAB as usize - 1) as usize == TOKENS.len();
+        sized
+            .then(|| Regex::new(PATTERN).ok())
+            .flatten()
+            .map(|pattern| Counter { pattern })
     }
 
     fn rank(&self, bytes: &[u8]) -> Option<Rank> {
-        self.ranks
-            .find(self.hasher.hash_one(bytes), |&r| {
-                let (s, e) = (self.starts[r as usize], self.ends[r as usize]);
-                &self.arena[s as usize..e as usize] == bytes
-            })
-            .copied()
+        let (mut slot, tag) = slot_and_tag(hash(bytes));
+        // The table has free slots (VOCAB < SLOTS), so a probe ends at one; the bound only
+        // keeps a damaged table from looping.
+        for _ in 0..SLOTS {
+            let s = word(TABLE, slot);
+            if s == EMPTY {
+                return None;
+            }
+            if s >> RANK_BITS == tag && token(s & RANK_MASK) == bytes {
+                return Some(s & RANK_MASK);
+            }
+            slot = (slot + 1) & (SLOTS - 1);
+        }
+        None
     }
 
     /// Tokens in `text`, as `tiktoken-rs`'s `encode_ordinary(text).len()`.
@@ -190,6 +224,68 @@ impl Counter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// o200k_base's tokens, from `tiktoken-rs`.
+    fn o200k_tokens() -> Vec<Vec<u8>> {
+        let bpe = tiktoken_rs::o200k_base().expect("builds");
+        bpe._decode_native_and_split((0..VOCAB).collect()).collect()
+    }
+
+    /// The three files' contents for `tokens` (in rank order).
+    fn files(tokens: &[Vec<u8>]) -> [Vec<u8>; 3] {
+        let mut table = vec![EMPTY; SLOTS];
+        let mut ends = Vec::new();
+        let mut bytes = Vec::new();
+        for (rank, t) in tokens.iter().enumerate() {
+            bytes.extend_from_slice(t);
+            ends.extend_from_slice(&u32::try_from(bytes.len()).unwrap().to_le_bytes());
+            let (mut slot, tag) = slot_and_tag(hash(t));
+            while table[slot] != EMPTY {
+                slot = (slot + 1) & (SLOTS - 1);
+            }
+            table[slot] = tag << RANK_BITS | u32::try_from(rank).unwrap();
+        }
+        let table = table.iter().flat_map(|s| s.to_le_bytes()).collect();
+        [bytes, ends, table]
+    }
+
+    const FILES: [(&str, &[u8]); 3] = [
+        ("tokens.bin", TOKENS),
+        ("ends.bin", ENDS),
+        ("table.bin", TABLE),
+    ];
+
+    #[test]
+    fn the_vocabulary_files_are_o200k() {
+        let tokens = o200k_tokens();
+        assert_eq!(tokens.len(), VOCAB as usize);
+        for ((name, ours), theirs) in FILES.iter().zip(files(&tokens)) {
+            let first_difference = ours.iter().zip(&theirs).position(|(a, b)| a != b);
+            assert!(
+                ours.len() == theirs.len() && first_difference.is_none(),
+                "src/quota/o200k/{name} differs from tiktoken-rs's o200k_base ({} bytes \
+                 against {}, first at {first_difference:?}): rewrite it with `cargo test \
+                 --lib write_the_vocabulary_files -- --ignored`",
+                ours.len(),
+                theirs.len()
+            );
+        }
+        // Every rank is found by its bytes, and the probes end (the table has room).
+        let counter = Counter::o200k().expect("the files are their sizes");
+        for (rank, t) in tokens.iter().enumerate() {
+            assert_eq!(counter.rank(t), Some(rank as Rank));
+        }
+    }
+
+    #[test]
+    #[ignore = "writes src/quota/o200k/: run when tiktoken-rs's o200k_base or the layout changes"]
+    fn write_the_vocabulary_files() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/quota/o200k");
+        std::fs::create_dir_all(&dir).unwrap();
+        for ((name, _), contents) in FILES.iter().zip(files(&o200k_tokens())) {
+            std::fs::write(dir.join(name), contents).unwrap();
+        }
+    }
 
     #[test]
     fn same_counts_as_tiktoken() {
