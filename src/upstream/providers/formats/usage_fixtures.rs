@@ -165,6 +165,14 @@ fn responses_web_search_calls_are_counted_once_per_id() {
         item(None), item(None),
     ]});
     assert_eq!(super::responses::web_search_calls(&response), 4);
+    // An id of another type (a faulty relay's) is an id too (s34 attack F3); `null` is none.
+    let other = |id: serde_json::Value| serde_json::json!({"type": "web_search_call", "id": id});
+    let response = serde_json::json!({"output": [
+        other(7.into()), other(7.into()), other(serde_json::json!({"n": 1})),
+        other(serde_json::json!({"n": 1})), other("7".into()), other(serde_json::Value::Null),
+        other(serde_json::Value::Null),
+    ]});
+    assert_eq!(super::responses::web_search_calls(&response), 5);
 }
 
 #[test]

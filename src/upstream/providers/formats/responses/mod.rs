@@ -136,7 +136,8 @@ pub fn response_reported(response: &Value) -> Option<Reported> {
 
 /// How many searches a response's `output` holds: its `web_search_call` items, one per
 /// distinct `id` (an item repeated under its id is one call billed once, however often a
-/// faulty upstream echoes it), an item without an id a call of its own.
+/// faulty upstream echoes it; an id of any JSON type, by its JSON text), an item without
+/// an id (or a `null` one) a call of its own.
 pub fn web_search_calls(response: &Value) -> i64 {
     let mut ids = std::collections::HashSet::new();
     let calls = response
@@ -145,10 +146,9 @@ pub fn web_search_calls(response: &Value) -> i64 {
         .into_iter()
         .flatten()
         .filter(|item| item.get("type").and_then(Value::as_str) == Some("web_search_call"))
-        .filter(|item| {
-            item.get("id")
-                .and_then(Value::as_str)
-                .is_none_or(|id| ids.insert(id))
+        .filter(|item| match item.get("id") {
+            None | Some(Value::Null) => true,
+            Some(id) => ids.insert(id.to_string()),
         })
         .count();
     i64::try_from(calls).unwrap_or(i64::MAX)
