@@ -6,7 +6,10 @@
 //! reservation counts its input with) against `tiktoken-rs`'s `encode_ordinary` on the
 //! same texts: a short chat turn, a paragraph of mixed prose and code, a long prompt of
 //! many paragraphs, and a long run without whitespace (the merge loop's worst case). Prints
-//! the median time per text of each and their ratio.
+//! the median time per text of each and their ratio. Then 16 threads count paragraphs at
+//! once: their total rate against one thread's (each thread keeps its own scratch space for
+//! the pattern's automata, `quota::tokenizer`'s `SCRATCH`; a shared one would make that
+//! ratio fall with the threads instead of rising to the cores).
 
 use std::time::Instant;
 
@@ -66,4 +69,25 @@ fn main() {
         let t = median_us(9, calls, || theirs.encode_ordinary(text).len());
         println!("{name:<26} {o:>10.2} {t:>14.2} {:>7.2}", o / t);
     }
+    let one = 1.0
+        / median_us(9, 5_000, || {
+            sluice::quota::estimate::count_text(PARAGRAPH) as usize
+        });
+    let threads = 16;
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                for _ in 0..5_000 {
+                    std::hint::black_box(sluice::quota::estimate::count_text(PARAGRAPH));
+                }
+            });
+        }
+    });
+    let all = (threads * 5_000) as f64 / (start.elapsed().as_secs_f64() * 1e6);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "{threads} threads counting paragraphs at once: {:.2}× one thread's rate ({cores} cores)",
+        all / one
+    );
 }
