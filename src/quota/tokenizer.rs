@@ -167,8 +167,10 @@ impl Counter {
 
     /// Tokens in `text`, as `tiktoken-rs`'s `encode_ordinary(text).len()`.
     pub fn count(&self, text: &str) -> usize {
-        let mut cache = match SCRATCH.take() {
-            Some((id, cache)) if id == self.id => cache,
+        // `try_with`: in a thread-local's destructor the scratch space may be gone already;
+        // a fresh cache then serves the one count.
+        let mut cache = match SCRATCH.try_with(Cell::take) {
+            Ok(Some((id, cache))) if id == self.id => cache,
             _ => self.pattern.create_cache(),
         };
         let n = self
@@ -182,7 +184,7 @@ impl Counter {
                 }
             })
             .sum();
-        SCRATCH.set(Some((self.id, cache)));
+        let _ = SCRATCH.try_with(|s| s.set(Some((self.id, cache))));
         n
     }
 
@@ -334,6 +336,27 @@ mod tests {
         for (rank, t) in tokens.iter().enumerate() {
             assert_eq!(counter.rank(t), Some(rank as Rank));
         }
+    }
+
+    /// Counting from a thread-local's destructor (after this thread's scratch space is gone)
+    /// counts, as it did before the scratch space: `LocalKey::take` panics there, and a
+    /// panic in a thread-local's destructor ends the process (s34 late attack L1).
+    #[test]
+    fn counting_while_a_threads_locals_are_torn_down_still_counts() {
+        struct CountsOnDrop;
+        impl Drop for CountsOnDrop {
+            fn drop(&mut self) {
+                assert_eq!(counters().0.count("hello world"), 2);
+            }
+        }
+        thread_local!(static LAST: CountsOnDrop = const { CountsOnDrop });
+        std::thread::spawn(|| {
+            // Registered before the scratch space, so torn down after it.
+            LAST.with(|_| ());
+            assert_eq!(counters().0.count("warm up"), 2);
+        })
+        .join()
+        .expect("counts");
     }
 
     /// A lookup probes the slots from its hash's to the next empty one: a long run of
