@@ -1,5 +1,5 @@
-//! A compact o200k_base token counter: the same counts as `tiktoken-rs`, and no memory of
-//! its own until it counts.
+//! A compact o200k_base token counter: the same counts as `tiktoken-rs`, with no tables
+//! built: its vocabulary is pages of the binary.
 //!
 //! `tiktoken-rs` keeps its vocabulary as three hash maps of ~200 000 `Vec<u8>` each
 //! (encoder, decoder, sorted token list): ~47 MB, built from 3.6 MB of base64 text compiled
