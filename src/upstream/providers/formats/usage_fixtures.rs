@@ -173,6 +173,17 @@ fn responses_web_search_calls_are_counted_once_per_id() {
         other(serde_json::Value::Null),
     ]});
     assert_eq!(super::responses::web_search_calls(&response), 5);
+    // A relay's blank or constant id is no echo: searches that differ are each billed — only
+    // an item repeated whole is one call (s34 stop attack F1: three `""` ids counted 1).
+    let search = |id: &str, query: &str| {
+        serde_json::json!({"type": "web_search_call", "id": id, "status": "completed",
+            "action": {"type": "search", "query": query}})
+    };
+    let response = serde_json::json!({"output": [
+        search("", "a"), search("", "b"), search("", "c"),
+        search("ws", "a"), search("ws", "b"), search("ws", "b"),
+    ]});
+    assert_eq!(super::responses::web_search_calls(&response), 5);
 }
 
 #[test]

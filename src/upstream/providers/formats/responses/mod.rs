@@ -134,12 +134,13 @@ pub fn response_reported(response: &Value) -> Option<Reported> {
     Some(Reported::sides(usage, input, output))
 }
 
-/// How many searches a response's `output` holds: its `web_search_call` items, one per
-/// distinct `id` (an item repeated under its id is one call billed once, however often a
-/// faulty upstream echoes it; an id of any JSON type, by its JSON text), an item without
-/// an id (or a `null` one) a call of its own.
+/// How many searches a response's `output` holds: its `web_search_call` items, an item
+/// repeated whole under its id once (however often a faulty upstream echoes it), any other
+/// item each — items that share an id but differ (a relay's constant or blank id) are
+/// searches each, so the count never falls below the bill. An id is of any JSON type;
+/// `null` or `""` is none.
 pub fn web_search_calls(response: &Value) -> i64 {
-    let mut ids = std::collections::HashSet::new();
+    let mut echoes = std::collections::HashSet::new();
     let calls = response
         .get("output")
         .and_then(Value::as_array)
@@ -148,7 +149,8 @@ pub fn web_search_calls(response: &Value) -> i64 {
         .filter(|item| item.get("type").and_then(Value::as_str) == Some("web_search_call"))
         .filter(|item| match item.get("id") {
             None | Some(Value::Null) => true,
-            Some(id) => ids.insert(id.to_string()),
+            Some(Value::String(id)) if id.is_empty() => true,
+            Some(_) => echoes.insert(item.to_string()),
         })
         .count();
     i64::try_from(calls).unwrap_or(i64::MAX)
