@@ -34,6 +34,7 @@ async fn begin(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     let Some(sso) = state.sso.as_ref() else {
         return refused(&state, &req, AdminError::NotFound.to_string(), 404);
     };
+    sso.discover_if_missing().await;
     match sso.begin(state.clock.now()) {
         Ok((url, flow)) => {
             let secure = session::secure(&state.settings.server.public_url);

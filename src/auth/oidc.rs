@@ -4,7 +4,8 @@
 //! - The provider's metadata and signing keys come from discovery (`/.well-known/openid-
 //!   configuration` under the issuer, whose document must name the same issuer). A provider
 //!   that cannot be reached at start does not stop the gateway: discovery is retried every
-//!   few seconds, SSO answers 503 until it succeeds, and it is re-read every 15 minutes
+//!   few seconds and at a sign-in (at most once a second), SSO answers 503 until it
+//!   succeeds, and it is re-read every 15 minutes
 //!   afterwards (the provider's key rotation), keeping the last good copy on failure. An ID
 //!   token signed by a key the copy does not hold (a rotation that took effect at once,
 //!   as Keycloak's does) makes one re-read at once — at most every `UNKNOWN_KEY_REREAD` —
@@ -48,6 +49,21 @@ const RETRY: Duration = Duration::from_secs(3);
 /// The least time between two re-reads for a token signed by a key not held: anyone can
 /// make such a token, and each re-read is a call to the provider.
 const UNKNOWN_KEY_REREAD: Duration = Duration::from_secs(30);
+/// The least time between two discoveries a sign-in asks for while none has succeeded (a
+/// provider that came up after the gateway is used at the next click, not at the next
+/// `RETRY`): anyone can click the button, and each is a call to the provider.
+const ON_DEMAND: Duration = Duration::from_secs(1);
+
+/// Whether `gap` has passed since `last` (and marks now): a call to the provider that anyone
+/// can cause is spaced.
+fn spaced(last: &parking_lot::Mutex<Option<std::time::Instant>>, gap: Duration) -> bool {
+    let mut last = last.lock();
+    if last.is_some_and(|t| t.elapsed() < gap) {
+        return false;
+    }
+    *last = Some(std::time::Instant::now());
+    true
+}
 
 pub fn flow_cookie_name(secure: bool) -> &'static str {
     if secure {
@@ -158,6 +174,8 @@ pub struct Sso {
     metadata: RwLock<Option<ProviderMetadataWithLogout>>,
     /// When a token signed by an unknown key last made a re-read (`UNKNOWN_KEY_REREAD`).
     reread: parking_lot::Mutex<Option<std::time::Instant>>,
+    /// When a sign-in last asked for a discovery (`ON_DEMAND`).
+    asked: parking_lot::Mutex<Option<std::time::Instant>>,
     flow_key: [u8; 32],
 }
 
@@ -179,6 +197,7 @@ impl Sso {
             http,
             metadata: RwLock::new(None),
             reread: parking_lot::Mutex::new(None),
+            asked: parking_lot::Mutex::new(None),
             flow_key,
         }))
     }
@@ -211,14 +230,15 @@ impl Sso {
         Ok(())
     }
 
-    /// Whether a token with an unknown key may make a re-read now (and marks it made).
-    fn may_reread(&self) -> bool {
-        let mut last = self.reread.lock();
-        if last.is_some_and(|t| t.elapsed() < UNKNOWN_KEY_REREAD) {
-            return false;
+    /// Discovery now when none has succeeded yet, at most once every `ON_DEMAND`: a
+    /// sign-in begun before the background retry found the provider.
+    pub async fn discover_if_missing(&self) {
+        if self.ready() || !spaced(&self.asked, ON_DEMAND) {
+            return;
         }
-        *last = Some(std::time::Instant::now());
-        true
+        if let Err(e) = self.discover().await {
+            tracing::warn!(issuer = %self.settings.issuer, error = %e, "OIDC discovery at a sign-in failed");
+        }
     }
 
     pub fn ready(&self) -> bool {
@@ -310,7 +330,7 @@ impl Sso {
         let claims = match full.claims(&check!(client), &Nonce::new(nonce.clone())) {
             Err(ClaimsVerificationError::SignatureVerification(
                 SignatureVerificationError::NoMatchingKey,
-            )) if self.may_reread() => {
+            )) if spaced(&self.reread, UNKNOWN_KEY_REREAD) => {
                 // The provider could not be read: its fault, not the token's (logged, not
                 // audited as a token failing its checks).
                 self.discover().await.map_err(SsoError::Provider)?;

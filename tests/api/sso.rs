@@ -683,6 +683,45 @@ async fn an_issuer_whose_discovery_names_another_issuer_is_never_used() {
     assert_eq!(r.status(), 303);
 }
 
+#[tokio::test]
+async fn a_provider_that_comes_up_after_the_gateway_is_used_at_the_next_sign_in() {
+    // A port nothing listens on yet: the gateway's discovery at start is refused.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let issuer_url = format!("http://127.0.0.1:{port}");
+    let app = spawn_app_with(move |s, _| {
+        s.oidc = Some(OidcSettings {
+            issuer: issuer_url,
+            client_id: CLIENT.into(),
+            client_secret: Secret(SecretString::from("client-secret-for-tests")),
+            redirect_url: "http://127.0.0.1:9/admin/oidc/callback".into(),
+            password_login: true,
+            scopes: vec![],
+            clock_skew_seconds: 60,
+            label: "SSO".into(),
+            roles: vec![role("llm-admins", "admin", None)],
+        });
+    })
+    .await;
+    let login = || async {
+        client()
+            .get(format!("{}/admin/oidc/login", app.address))
+            .send()
+            .await
+            .unwrap()
+    };
+    refused(login().await, 503, "not available yet").await;
+    // The provider comes up; the person clicks again a second later, well before the
+    // background retry (3 s after the start's failure): the click finds the provider.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let _issuer = Issuer::start_at(port, None).await;
+    let r = login().await;
+    assert_eq!(r.status(), 303, "{}", r.text().await.unwrap());
+}
+
 /// Base64url without padding (JWT segments).
 fn base64_url(bytes: &[u8]) -> String {
     const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";

@@ -58,6 +58,14 @@ export SSO_TEST_SECRET="$SECRET"
 
 node tests/oidc/provider.mjs "$IDP_PORT" "http://127.0.0.1:$GW_PORT" "$ACCOUNTS" "$SECRET" >"$WORK/provider.log" 2>&1 &
 PIDS+=($!)
+# The provider first (node takes a second to load it): the gateway's discovery at start
+# then finds it, and the test signs in through the provider, not through a retry.
+for _ in $(seq 1 150); do
+    curl -fsS "http://127.0.0.1:$IDP_PORT/.well-known/openid-configuration" >/dev/null 2>&1 && break
+    sleep 0.1
+done
+curl -fsS "http://127.0.0.1:$IDP_PORT/.well-known/openid-configuration" >/dev/null \
+    || { echo "oidc-provider did not start" >&2; cat "$WORK/provider.log" >&2; exit 1; }
 "$BIN" --config "$CONFIG" migrate >/dev/null
 ADMIN_PASSWORD="ui-test-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 printf '%s\n' "$ADMIN_PASSWORD" | "$BIN" --config "$CONFIG" admin create --username ops --role admin --password-stdin >/dev/null
