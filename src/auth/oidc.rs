@@ -4,9 +4,9 @@
 //! - The provider's metadata and signing keys come from discovery (`/.well-known/openid-
 //!   configuration` under the issuer, whose document must name the same issuer). A provider
 //!   that cannot be reached at start does not stop the gateway: discovery is retried every
-//!   few seconds and at a sign-in (at most once a second), SSO answers 503 until it
-//!   succeeds, and it is re-read every 15 minutes
-//!   afterwards (the provider's key rotation), keeping the last good copy on failure. An ID
+//!   few seconds and at a sign-in (one at a time, at most one started a second), SSO
+//!   answers 503 until it succeeds, and it is re-read every 15 minutes afterwards (the
+//!   provider's key rotation), keeping the last good copy on failure. An ID
 //!   token signed by a key the copy does not hold (a rotation that took effect at once,
 //!   as Keycloak's does) makes one re-read at once — at most every `UNKNOWN_KEY_REREAD` —
 //!   and the token is checked again against the new keys.
@@ -49,10 +49,13 @@ const RETRY: Duration = Duration::from_secs(3);
 /// The least time between two re-reads for a token signed by a key not held: anyone can
 /// make such a token, and each re-read is a call to the provider.
 const UNKNOWN_KEY_REREAD: Duration = Duration::from_secs(30);
-/// The least time between two discoveries a sign-in asks for while none has succeeded (a
-/// provider that came up after the gateway is used at the next click, not at the next
-/// `RETRY`): anyone can click the button, and each is a call to the provider.
+/// The least time between the starts of two discoveries sign-ins ask for while none has
+/// succeeded (a provider that came up after the gateway is used at a click, not at the next
+/// `RETRY`): anyone can click the button, and each is a call or two to the provider.
 const ON_DEMAND: Duration = Duration::from_secs(1);
+/// How long a click waits on such a discovery: a provider that takes a connection and never
+/// answers would otherwise hold each clicker for the client's 10 s.
+const ON_DEMAND_WAIT: Duration = Duration::from_secs(3);
 
 /// Whether `gap` has passed since `last` (and marks now): a call to the provider that anyone
 /// can cause is spaced.
@@ -176,6 +179,8 @@ pub struct Sso {
     reread: parking_lot::Mutex<Option<std::time::Instant>>,
     /// When a sign-in last asked for a discovery (`ON_DEMAND`).
     asked: parking_lot::Mutex<Option<std::time::Instant>>,
+    /// Held by the one discovery a sign-in runs: never two at once.
+    asking: tokio::sync::Mutex<()>,
     flow_key: [u8; 32],
 }
 
@@ -198,6 +203,7 @@ impl Sso {
             metadata: RwLock::new(None),
             reread: parking_lot::Mutex::new(None),
             asked: parking_lot::Mutex::new(None),
+            asking: tokio::sync::Mutex::new(()),
             flow_key,
         }))
     }
@@ -230,15 +236,26 @@ impl Sso {
         Ok(())
     }
 
-    /// Discovery now when none has succeeded yet, at most once every `ON_DEMAND`: a
-    /// sign-in begun before the background retry found the provider.
+    /// Discovery now when none has succeeded yet: a sign-in begun before the background
+    /// retry found the provider. One at a time, started at most once every `ON_DEMAND`,
+    /// waited on for at most `ON_DEMAND_WAIT`; a click meanwhile answers at once.
     pub async fn discover_if_missing(&self) {
-        if self.ready() || !spaced(&self.asked, ON_DEMAND) {
+        if self.ready() {
             return;
         }
-        if let Err(e) = self.discover().await {
-            tracing::warn!(issuer = %self.settings.issuer, error = %e, "OIDC discovery at a sign-in failed");
+        // Released on drop, so a clicker who leaves mid-way frees it too.
+        let Ok(_one) = self.asking.try_lock() else {
+            return;
+        };
+        if !spaced(&self.asked, ON_DEMAND) {
+            return;
         }
+        let error = match tokio::time::timeout(ON_DEMAND_WAIT, self.discover()).await {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e,
+            Err(_) => format!("no answer within {} s", ON_DEMAND_WAIT.as_secs()),
+        };
+        tracing::warn!(issuer = %self.settings.issuer, error = %error, "OIDC discovery at a sign-in failed");
     }
 
     pub fn ready(&self) -> bool {

@@ -35,12 +35,12 @@ impl Issuer {
 
     /// `claimed`: the issuer the discovery document states, when not its own URL.
     pub async fn start_claiming(claimed: Option<&str>) -> Issuer {
-        Issuer::start_at(0, claimed).await
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Issuer::start_on(listener, claimed)
     }
 
-    /// On a chosen port (a provider that comes up after the gateway).
-    pub async fn start_at(port: u16, claimed: Option<&str>) -> Issuer {
-        let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+    /// On a listener the test made (a provider that comes up after the gateway).
+    pub fn start_on(listener: TcpListener, claimed: Option<&str>) -> Issuer {
         let url = format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port());
         let issuer = claimed.map(str::to_string).unwrap_or_else(|| url.clone());
         let next = Arc::new(Mutex::new(None::<String>));

@@ -683,16 +683,9 @@ async fn an_issuer_whose_discovery_names_another_issuer_is_never_used() {
     assert_eq!(r.status(), 303);
 }
 
-#[tokio::test]
-async fn a_provider_that_comes_up_after_the_gateway_is_used_at_the_next_sign_in() {
-    // A port nothing listens on yet: the gateway's discovery at start is refused.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let issuer_url = format!("http://127.0.0.1:{port}");
-    let app = spawn_app_with(move |s, _| {
+/// A gateway whose `[oidc]` issuer is `issuer_url`, passwords on.
+async fn gateway_at(issuer_url: String) -> TestApp {
+    spawn_app_with(move |s, _| {
         s.oidc = Some(OidcSettings {
             issuer: issuer_url,
             client_id: CLIENT.into(),
@@ -705,21 +698,74 @@ async fn a_provider_that_comes_up_after_the_gateway_is_used_at_the_next_sign_in(
             roles: vec![role("llm-admins", "admin", None)],
         });
     })
-    .await;
-    let login = || async {
-        client()
-            .get(format!("{}/admin/oidc/login", app.address))
-            .send()
-            .await
-            .unwrap()
-    };
-    refused(login().await, 503, "not available yet").await;
+    .await
+}
+
+async fn sso_login(app: &TestApp) -> reqwest::Response {
+    client()
+        .get(format!("{}/admin/oidc/login", app.address))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_provider_that_comes_up_after_the_gateway_is_used_at_the_next_sign_in() {
+    // The provider's port, held bound but not listening (connections are refused) until it
+    // comes up: the gateway's discovery at start is refused, and no other test takes it.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let issuer_url = format!("http://{}", socket.local_addr().unwrap());
+    let app = gateway_at(issuer_url).await;
+    refused(sso_login(&app).await, 503, "not available yet").await;
     // The provider comes up; the person clicks again a second later, well before the
     // background retry (3 s after the start's failure): the click finds the provider.
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
-    let _issuer = Issuer::start_at(port, None).await;
-    let r = login().await;
+    let _issuer = Issuer::start_on(socket.listen(64).unwrap(), None);
+    let r = sso_login(&app).await;
     assert_eq!(r.status(), 303, "{}", r.text().await.unwrap());
+}
+
+#[tokio::test]
+async fn a_provider_that_never_answers_holds_one_click_briefly_and_the_others_not_at_all() {
+    // Takes every connection and answers none.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let issuer_url = format!("http://{}", listener.local_addr().unwrap());
+    let taken = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = taken.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((sock, _)) = listener.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            held.push(sock);
+        }
+    });
+    let app = std::sync::Arc::new(gateway_at(issuer_url).await);
+    let clicked = std::time::Instant::now();
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move {
+            let r = sso_login(&app).await;
+            (r.status().as_u16(), clicked.elapsed())
+        }
+    });
+    // A second click while the first one's discovery waits, past the 1 s spacing.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let again = std::time::Instant::now();
+    refused(sso_login(&app).await, 503, "not available yet").await;
+    assert!(
+        again.elapsed() < std::time::Duration::from_millis(500),
+        "a click while a discovery runs answers at once: {:?}",
+        again.elapsed()
+    );
+    let (status, waited) = first.await.unwrap();
+    assert_eq!(status, 503);
+    assert!(
+        waited < std::time::Duration::from_secs(5),
+        "the click that asked waits at most its 3 s, not the client's 10: {waited:?}"
+    );
+    // The background discovery at start and the first click's: the second started none.
+    assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
 
 /// Base64url without padding (JWT segments).
