@@ -100,91 +100,96 @@ async fn wait_then_serve(state: web::Data<AppState>, w: Waiting, sink: ClientSin
     // departed clients filled the queue (s29 limits attack F4).
     drop(granted);
     drop(queue_span);
-    let slot = match waited {
-        Waited::Left => return end(&state, books, ApiError::ClientGone, NOTHING).await,
-        Waited::Draining => return shut_down(&state, &prepared, books, &sink, NOTHING).await,
-        Waited::Came(slot) => slot,
-    };
-    let slot = match slot {
-        Ok(s) => recheck::still_admitted(&state, &credential, deadline)
-            .await
-            .map(|()| s),
-        Err(refused) => Err(ApiError::from(refused)),
-    };
-    let slot = match slot {
-        Ok(s) => s,
-        Err(e) => {
-            sink.send(refusal_event(&prepared, &e)).await;
-            return end(&state, books, e, NOTHING).await;
-        }
-    };
-    let checked = Instant::now();
-    // An upstream's own error answer cannot be relayed into an open stream (and is not
-    // `Send`): only its gist goes on, in the error event.
-    let mut departure = attempts::Departure::default();
-    let result = {
-        // The response is open: a client that leaves now is seen only by the body being
-        // dropped, so the wait on the upstream races it (dropping the call closes the
-        // upstream connection). From each attempt on, a departure pays the input reserved
-        // on the dearest candidate sent the request (`attempts::departure_on`).
-        let (id, trace) = (books.log.id.clone(), books.log.trace.clone());
-        let (held, booking) = (&mut books.held, &mut books.booking);
-        let call = attempts::call(
-            &state,
-            &prepared,
-            &candidates,
-            deadline,
-            (&id, &trace),
-            (&credential, checked),
-            |sent| {
-                held.set_cost_if_dropped(sent.cost);
-                departure = sent;
-                // Its windows, as a request not queued books them: the input once a call
-                // reached an upstream that may bill it, until the answer says what was used.
-                if let Some(b) = booking.as_mut() {
-                    b.used(if sent.input > 0 {
-                        prepared.input_tokens
-                    } else {
-                        0
-                    });
-                }
-            },
-        );
-        let outcome = tokio::select! {
-            biased;
-            _ = sink.closed() => None,
-            _ = sink.drain.started() => None,
-            outcome = call => Some(outcome),
+    // Boxed: what follows the wait (the re-check, the attempts, the stream's pump) would
+    // otherwise sit in every queued request's task for its whole wait.
+    Box::pin(async move {
+        let slot = match waited {
+            Waited::Left => return end(&state, books, ApiError::ClientGone, NOTHING).await,
+            Waited::Draining => return shut_down(&state, &prepared, books, &sink, NOTHING).await,
+            Waited::Came(slot) => slot,
         };
-        outcome.map(|outcome| {
-            books.log.attempts = outcome.attempts;
-            match outcome.result {
-                Outcome::Served(s) => Ok(s),
-                Outcome::Failed(f) => Err((f.error, outcome.cut_by_deadline)),
+        let slot = match slot {
+            Ok(s) => recheck::still_admitted(&state, &credential, deadline)
+                .await
+                .map(|()| s),
+            Err(refused) => Err(ApiError::from(refused)),
+        };
+        let slot = match slot {
+            Ok(s) => s,
+            Err(e) => {
+                sink.send(refusal_event(&prepared, &e)).await;
+                return end(&state, books, e, NOTHING).await;
             }
-        })
-    };
-    let input = (departure.input, departure.cost);
-    let Some(result) = result else {
-        if sink.drain.is_draining() {
-            return shut_down(&state, &prepared, books, &sink, input).await;
+        };
+        let checked = Instant::now();
+        // An upstream's own error answer cannot be relayed into an open stream (and is not
+        // `Send`): only its gist goes on, in the error event.
+        let mut departure = attempts::Departure::default();
+        let result = {
+            // The response is open: a client that leaves now is seen only by the body being
+            // dropped, so the wait on the upstream races it (dropping the call closes the
+            // upstream connection). From each attempt on, a departure pays the input reserved
+            // on the dearest candidate sent the request (`attempts::departure_on`).
+            let (id, trace) = (books.log.id.clone(), books.log.trace.clone());
+            let (held, booking) = (&mut books.held, &mut books.booking);
+            let call = attempts::call(
+                &state,
+                &prepared,
+                &candidates,
+                deadline,
+                (&id, &trace),
+                (&credential, checked),
+                |sent| {
+                    held.set_cost_if_dropped(sent.cost);
+                    departure = sent;
+                    // Its windows, as a request not queued books them: the input once a call
+                    // reached an upstream that may bill it, until the answer says what was used.
+                    if let Some(b) = booking.as_mut() {
+                        b.used(if sent.input > 0 {
+                            prepared.input_tokens
+                        } else {
+                            0
+                        });
+                    }
+                },
+            );
+            let outcome = tokio::select! {
+                biased;
+                _ = sink.closed() => None,
+                _ = sink.drain.started() => None,
+                outcome = call => Some(outcome),
+            };
+            outcome.map(|outcome| {
+                books.log.attempts = outcome.attempts;
+                match outcome.result {
+                    Outcome::Served(s) => Ok(s),
+                    Outcome::Failed(f) => Err((f.error, outcome.cut_by_deadline)),
+                }
+            })
+        };
+        let input = (departure.input, departure.cost);
+        let Some(result) = result else {
+            if sink.drain.is_draining() {
+                return shut_down(&state, &prepared, books, &sink, input).await;
+            }
+            return end(&state, books, ApiError::ClientGone, input).await;
+        };
+        match result {
+            Ok(s) => {
+                books.log.upstream = s.dep.id.clone();
+                books.log.served_model = s.model.name.clone();
+                books.log.upstream_model = s.route.upstream_model.clone();
+                stream::serve(state, &prepared, s, books, sink, slot).await;
+            }
+            Err((error, cut_by_deadline)) => {
+                // Cut off by its own deadline after an upstream had it: the input is charged.
+                let cost = if cut_by_deadline { input } else { NOTHING };
+                sink.send(refusal_event(&prepared, &error)).await;
+                end(&state, books, error, cost).await;
+            }
         }
-        return end(&state, books, ApiError::ClientGone, input).await;
-    };
-    match result {
-        Ok(s) => {
-            books.log.upstream = s.dep.id.clone();
-            books.log.served_model = s.model.name.clone();
-            books.log.upstream_model = s.route.upstream_model.clone();
-            stream::serve(state, &prepared, s, books, sink, slot).await;
-        }
-        Err((error, cut_by_deadline)) => {
-            // Cut off by its own deadline after an upstream had it: the input is charged.
-            let cost = if cut_by_deadline { input } else { NOTHING };
-            sink.send(refusal_event(&prepared, &error)).await;
-            end(&state, books, error, cost).await;
-        }
-    }
+    })
+    .await;
 }
 
 /// The shutdown ended a stream still waiting (queued, or on an upstream's headers): its

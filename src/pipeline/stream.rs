@@ -481,7 +481,9 @@ pub(super) fn serve(
         if let (Some(upstream), Some(running)) = (s.response, pump.0.as_mut()) {
             let (failed, ending, may_have_run_on) = running.run(upstream, sink).await;
             if let Some(done) = pump.0.take() {
-                done.settle(failed, ending, may_have_run_on).await;
+                // Boxed: the settlement's future (the store's writes, 9 KB in a debug
+                // build) would otherwise sit in every open stream's task for its whole life.
+                Box::pin(done.settle(failed, ending, may_have_run_on)).await;
             }
         }
     }
