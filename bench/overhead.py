@@ -189,6 +189,21 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
+def rss_split_kb(pid: int) -> dict:
+    """The RSS's anonymous part (heap, stacks, relocated data) and its file-backed part
+    (the binary's pages, clean and shared): where memory above idle went."""
+    split = {"anon": 0, "file": 0}
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("RssAnon:"):
+                split["anon"] = int(line.split()[1])
+            elif line.startswith("RssFile:"):
+                split["file"] = int(line.split()[1])
+    except OSError:
+        pass
+    return split
+
+
 def pct(sorted_vals: list[float], p: float) -> float:
     """Nearest-rank percentile of sorted values."""
     if not sorted_vals:
@@ -703,11 +718,11 @@ def phase_streams(rig: Rig, p: dict) -> dict:
         rig.lg("direct", warm, stream=True)
         rig.lg("gateway", warm, stream=True)
         time.sleep(1.0)
-        idle = rss_kb(rig.gw.pid)
+        idle, idle_split = rss_kb(rig.gw.pid), rss_split_kb(rig.gw.pid)
         direct = rig.lg("direct", extra, stream=True)
         through = rig.lg("gateway", extra, stream=True, sample_rss=True)
         time.sleep(5.0)
-        after = rss_kb(rig.gw.pid)
+        after, after_split = rss_kb(rig.gw.pid), rss_split_kb(rig.gw.pid)
     finally:
         rig.sticky(None)
     peak = through.pop("gw_rss_peak_kb")
@@ -721,12 +736,15 @@ def phase_streams(rig: Rig, p: dict) -> dict:
         "added_gap_p99_ms": ms(through["gap_p99_us"] - direct["gap_p99_us"]),
         "streams_lost_or_merged": bad,
         "rss_kb": {"idle": idle, "peak": peak, "after_5s": after,
+                   "idle_split": idle_split, "after_5s_split": after_split,
                    "per_1000_streams": round((peak - idle) * 1000 / n) if n else None,
                    "after_over_idle": round(after / idle, 3) if idle else None},
     }
     print(f"  streams: {through['streams_ok']}/{n} ok through the gateway; added TTFT p50 "
           f"{out['added_ttft_p50_ms']} ms, gap p99 {out['added_gap_p99_ms']} ms; RSS idle "
-          f"{idle / 1024:.1f} MB, peak {peak / 1024:.1f} MB, after {after / 1024:.1f} MB",
+          f"{idle / 1024:.1f} MB, peak {peak / 1024:.1f} MB, after {after / 1024:.1f} MB "
+          f"(anonymous {idle_split['anon'] / 1024:.1f} → {after_split['anon'] / 1024:.1f} MB, "
+          f"file-backed {idle_split['file'] / 1024:.1f} → {after_split['file'] / 1024:.1f} MB)",
           file=sys.stderr, flush=True)
     return out
 
