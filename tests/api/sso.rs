@@ -652,29 +652,10 @@ async fn with_password_sign_in_switched_off_only_a_break_glass_login_may_use_a_p
 #[tokio::test]
 async fn an_issuer_whose_discovery_names_another_issuer_is_never_used() {
     let issuer = Issuer::start_claiming(Some("https://id.example.com")).await;
-    let issuer_url = issuer.url.clone();
-    let app = spawn_app_with(move |s, _| {
-        s.oidc = Some(OidcSettings {
-            issuer: issuer_url,
-            client_id: CLIENT.into(),
-            client_secret: Secret(SecretString::from("client-secret-for-tests")),
-            redirect_url: "http://127.0.0.1:9/admin/oidc/callback".into(),
-            password_login: true,
-            scopes: vec![],
-            clock_skew_seconds: 60,
-            label: "SSO".into(),
-            roles: vec![role("llm-admins", "admin", None)],
-        });
-    })
-    .await;
+    let app = gateway_at(issuer.url.clone()).await;
     // The gateway serves on; SSO says it is unavailable, and the password form still works.
     for _ in 0..3 {
-        let r = client()
-            .get(format!("{}/admin/oidc/login", app.address))
-            .send()
-            .await
-            .unwrap();
-        refused(r, 503, "not available yet").await;
+        refused(sso_login(&app).await, 503, "not available yet").await;
     }
     let http = client();
     let (pre, csrf) = login_form(&app, &http).await;
