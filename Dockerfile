@@ -2,7 +2,7 @@
 # slim Debian base (glibc, CA certificates for the providers' TLS; nothing else).
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src src
 COPY migrations migrations
 COPY templates templates

@@ -507,3 +507,41 @@ fn the_cluster_compose_keeps_each_gateways_audit_head() {
         seen.push(backup);
     }
 }
+
+/// The image's build stage copies every part of the tree `cargo build --release` reads: a
+/// part left out either fails the build or — `build.rs`, which Cargo runs only when it is
+/// there — builds a different binary than the tree does silently (the image's was linked
+/// without packed relocations, s35 diff attack M1).
+#[test]
+fn the_images_build_stage_copies_everything_the_build_reads() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let image = std::fs::read_to_string(format!("{root}/Dockerfile")).unwrap();
+    // What comes before the first `FROM` is comments; the build stage is the first one.
+    let build_stage = image.split("\nFROM ").nth(1).expect("a build stage");
+    let copied: Vec<&str> = build_stage
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("COPY "))
+        .flat_map(|args| {
+            let words: Vec<&str> = args.split_whitespace().collect();
+            // Every word but the destination is a source.
+            words[..words.len().saturating_sub(1)].to_vec()
+        })
+        .collect();
+    let mut read = vec![
+        "Cargo.toml",
+        "Cargo.lock",
+        "src",
+        "migrations",
+        "templates",
+        "static",
+    ];
+    if std::path::Path::new(&format!("{root}/build.rs")).exists() {
+        read.push("build.rs");
+    }
+    for part in read {
+        assert!(
+            copied.contains(&part),
+            "the Dockerfile's build stage does not copy {part}: {copied:?}"
+        );
+    }
+}
