@@ -545,3 +545,33 @@ fn the_images_build_stage_copies_everything_the_build_reads() {
         );
     }
 }
+
+/// Built on glibc 2.36 or later for this machine, the gateway's binary carries its relative
+/// relocations packed (`build.rs`; DT_RELR, a 1 MB table less at every start: issue 21
+/// item 2), and it starts (the test suite runs it throughout).
+#[test]
+fn the_binary_is_linked_with_packed_relocations_where_glibc_runs_them() {
+    let glibc = std::process::Command::new("getconf")
+        .arg("GNU_LIBC_VERSION")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let version: Vec<u32> = glibc
+        .strip_prefix("glibc ")
+        .unwrap_or("0.0")
+        .split('.')
+        .map(|n| n.parse().unwrap_or(0))
+        .collect();
+    if !cfg!(all(target_os = "linux", target_env = "gnu")) || version[..] < [2, 36][..] {
+        return;
+    }
+    let dynamic = std::process::Command::new("readelf")
+        .args(["--dynamic", env!("CARGO_BIN_EXE_sluice")])
+        .output()
+        .expect("readelf (binutils) runs");
+    let dynamic = String::from_utf8_lossy(&dynamic.stdout);
+    assert!(
+        dynamic.contains("(RELR)"),
+        "no DT_RELR in the gateway's binary on {glibc}:\n{dynamic}"
+    );
+}
