@@ -134,25 +134,42 @@ pub fn response_reported(response: &Value) -> Option<Reported> {
     Some(Reported::sides(usage, input, output))
 }
 
-/// How many searches a response's `output` holds: its `web_search_call` items, an item
-/// repeated whole under its id once (however often a faulty upstream echoes it), any other
-/// item each — items that share an id but differ (a relay's constant or blank id) are
-/// searches each, so the count never falls below the bill. An id is of any JSON type;
-/// `null` or `""` is none.
+/// How many searches a response's `output` holds: its `web_search_call` items, where the
+/// items under one id are one search only when they are all the same item whole (a faulty
+/// upstream's echoes); an id on items that differ (a relay's constant id) vouches for
+/// nothing and each item under it is one, so the count never falls below the bill. An id
+/// is of any JSON type; without one (`null`, `""`) each item is one.
 pub fn web_search_calls(response: &Value) -> i64 {
-    let mut echoes = std::collections::HashSet::new();
-    let calls = response
+    use std::collections::hash_map::{Entry, HashMap};
+    // Per id (its JSON text): the first item's text, how many items, whether all the same.
+    let mut by_id: HashMap<String, (String, usize, bool)> = HashMap::new();
+    let mut calls = 0usize;
+    let items = response
         .get("output")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .filter(|item| item.get("type").and_then(Value::as_str) == Some("web_search_call"))
-        .filter(|item| match item.get("id") {
-            None | Some(Value::Null) => true,
-            Some(Value::String(id)) if id.is_empty() => true,
-            Some(_) => echoes.insert(item.to_string()),
-        })
-        .count();
+        .filter(|item| item.get("type").and_then(Value::as_str) == Some("web_search_call"));
+    for item in items {
+        match item.get("id") {
+            None | Some(Value::Null) => calls += 1,
+            Some(Value::String(id)) if id.is_empty() => calls += 1,
+            Some(id) => match by_id.entry(id.to_string()) {
+                Entry::Vacant(v) => {
+                    v.insert((item.to_string(), 1, true));
+                }
+                Entry::Occupied(mut o) => {
+                    let (first, n, same) = o.get_mut();
+                    *n += 1;
+                    *same = *same && *first == item.to_string();
+                }
+            },
+        }
+    }
+    calls += by_id
+        .values()
+        .map(|&(_, n, same)| if same { 1 } else { n })
+        .sum::<usize>();
     i64::try_from(calls).unwrap_or(i64::MAX)
 }
 
