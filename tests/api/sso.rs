@@ -26,39 +26,11 @@ fn role(value: &str, role: &str, team: Option<&str>) -> OidcRole {
 }
 
 async fn gateway(issuer: &Issuer, password_login: bool) -> TestApp {
-    let issuer_url = issuer.url.clone();
-    let app = spawn_app_with(move |s, _| {
-        s.oidc = Some(OidcSettings {
-            issuer: issuer_url,
-            client_id: CLIENT.into(),
-            client_secret: Secret(SecretString::from("client-secret-for-tests")),
-            redirect_url: "http://127.0.0.1:9/admin/oidc/callback".into(),
-            password_login,
-            scopes: vec!["email".into()],
-            clock_skew_seconds: 60,
-            label: "Sign in with Test ID".into(),
-            roles: vec![
-                role("llm-admins", "admin", None),
-                role("llm-lead-*", "lead", Some("*")),
-                role("finance", "finance", None),
-                OidcRole {
-                    claim: "email".into(),
-                    value: "*@finance.example".into(),
-                    role: "finance".into(),
-                    team: None,
-                },
-            ],
-        });
-    })
-    .await;
+    let app = gateway_at(issuer.url.clone(), password_login).await;
     // Discovery runs beside the start: wait for the sign-in link to lead to the provider.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
-        let r = client()
-            .get(format!("{}/admin/oidc/login", app.address))
-            .send()
-            .await
-            .unwrap();
+        let r = sso_login(&app).await;
         if r.status() == 303 {
             break;
         }
@@ -652,7 +624,7 @@ async fn with_password_sign_in_switched_off_only_a_break_glass_login_may_use_a_p
 #[tokio::test]
 async fn an_issuer_whose_discovery_names_another_issuer_is_never_used() {
     let issuer = Issuer::start_claiming(Some("https://id.example.com")).await;
-    let app = gateway_at(issuer.url.clone()).await;
+    let app = gateway_at(issuer.url.clone(), true).await;
     // The gateway serves on; SSO says it is unavailable, and the password form still works.
     for _ in 0..3 {
         refused(sso_login(&app).await, 503, "not available yet").await;
@@ -664,19 +636,29 @@ async fn an_issuer_whose_discovery_names_another_issuer_is_never_used() {
     assert_eq!(r.status(), 303);
 }
 
-/// A gateway whose `[oidc]` issuer is `issuer_url`, passwords on.
-async fn gateway_at(issuer_url: String) -> TestApp {
+/// A gateway whose `[oidc]` issuer is `issuer_url`, its discovery not waited for.
+async fn gateway_at(issuer_url: String, password_login: bool) -> TestApp {
     spawn_app_with(move |s, _| {
         s.oidc = Some(OidcSettings {
             issuer: issuer_url,
             client_id: CLIENT.into(),
             client_secret: Secret(SecretString::from("client-secret-for-tests")),
             redirect_url: "http://127.0.0.1:9/admin/oidc/callback".into(),
-            password_login: true,
-            scopes: vec![],
+            password_login,
+            scopes: vec!["email".into()],
             clock_skew_seconds: 60,
-            label: "SSO".into(),
-            roles: vec![role("llm-admins", "admin", None)],
+            label: "Sign in with Test ID".into(),
+            roles: vec![
+                role("llm-admins", "admin", None),
+                role("llm-lead-*", "lead", Some("*")),
+                role("finance", "finance", None),
+                OidcRole {
+                    claim: "email".into(),
+                    value: "*@finance.example".into(),
+                    role: "finance".into(),
+                    team: None,
+                },
+            ],
         });
     })
     .await
@@ -697,7 +679,7 @@ async fn a_provider_that_comes_up_after_the_gateway_is_used_at_the_next_sign_in(
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let issuer_url = format!("http://{}", socket.local_addr().unwrap());
-    let app = gateway_at(issuer_url).await;
+    let app = gateway_at(issuer_url, true).await;
     refused(sso_login(&app).await, 503, "not available yet").await;
     // The provider comes up; the person clicks again a second later, well before the
     // background retry (3 s after the start's failure): the click finds the provider.
@@ -721,7 +703,7 @@ async fn a_provider_that_never_answers_holds_one_click_briefly_and_the_others_no
             held.push(sock);
         }
     });
-    let app = std::sync::Arc::new(gateway_at(issuer_url).await);
+    let app = std::sync::Arc::new(gateway_at(issuer_url, true).await);
     let clicked = std::time::Instant::now();
     let first = tokio::spawn({
         let app = app.clone();
