@@ -141,8 +141,8 @@ pub fn response_reported(response: &Value) -> Option<Reported> {
 /// is of any JSON type; without one (`null`, `""`) each item is one.
 pub fn web_search_calls(response: &Value) -> i64 {
     use std::collections::hash_map::{Entry, HashMap};
-    // Per id (its JSON text): the first item's text, how many items, whether all the same.
-    let mut by_id: HashMap<String, (String, usize, bool)> = HashMap::new();
+    // Per id (its JSON text): the first item, how many items, whether all equal to it.
+    let mut by_id: HashMap<String, (&Value, usize, bool)> = HashMap::new();
     let mut calls = 0usize;
     let items = response
         .get("output")
@@ -156,12 +156,12 @@ pub fn web_search_calls(response: &Value) -> i64 {
             Some(Value::String(id)) if id.is_empty() => calls += 1,
             Some(id) => match by_id.entry(id.to_string()) {
                 Entry::Vacant(v) => {
-                    v.insert((item.to_string(), 1, true));
+                    v.insert((item, 1, true));
                 }
                 Entry::Occupied(mut o) => {
                     let (first, n, same) = o.get_mut();
                     *n += 1;
-                    *same = *same && *first == item.to_string();
+                    *same = *same && *first == item;
                 }
             },
         }
