@@ -47,7 +47,10 @@ async fn main() -> anyhow::Result<()> {
     )?;
     let asked = sluice::cache::Asked::default();
     let now = chrono::Utc::now();
-    let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": "Check the EGR valve first."}, "finish_reason": "stop"}]});
+    let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": "Check the EGR valve first."}, "finish_reason": "stop"}],
+        // Usage figures: an answer without them is not stored (`cache::shape::whole`), and
+        // without this every lookup below was a miss (0 of 2 000 hits, 2026-12-06).
+        "usage": {"prompt_tokens": 12, "completion_tokens": 24, "total_tokens": 36}});
     let plan = |b: &serde_json::Map<String, serde_json::Value>| {
         cache
             .plan(
@@ -116,6 +119,7 @@ async fn main() -> anyhow::Result<()> {
             b
         }),
     ];
+    let mut wrong = Vec::new();
     for (name, plans) in cases {
         let mut times = Vec::with_capacity(plans.len());
         let mut hits = 0;
@@ -131,6 +135,21 @@ async fn main() -> anyhow::Result<()> {
             pct(&mut times, 99.0),
             plans.len()
         );
+        // A row that did not do what it names measured something else (twice this bench
+        // timed 2 000 misses as hits after a change to what the cache keeps): say so, and
+        // fail `make bench`, rather than print a figure.
+        let expected = if name.ends_with("hit") { 2000 } else { 0 };
+        if plans.len() != 2000 || hits != expected {
+            wrong.push(format!(
+                "{name}: {hits} hits of {} lookups, expected {expected} of 2000",
+                plans.len()
+            ));
+        }
     }
+    anyhow::ensure!(
+        wrong.is_empty(),
+        "the bench measured the wrong thing: {}",
+        wrong.join("; ")
+    );
     Ok(())
 }
