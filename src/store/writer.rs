@@ -365,8 +365,14 @@ const CHECKPOINT_EVERY: Duration = Duration::from_millis(250);
 /// every reservation waits (the p99 of the CAS was that). Here a connection of its own
 /// runs a PASSIVE checkpoint every `CHECKPOINT_EVERY` (it never takes the write lock, so
 /// the writer goes on meanwhile, and its fsync waits on sqlx's worker thread for that
-/// connection); `Db::open` keeps the automatic one only as a backstop with a high
-/// threshold. Durability is unchanged: commits are as durable as `synchronous` says.
+/// connection); `Db::open` keeps the automatic one as a backstop with a high threshold.
+/// Durability is unchanged: commits are as durable as `synchronous` says.
+///
+/// Under steady load the backstop is what restarts the WAL: SQLite moves it back to its
+/// start only when a write transaction begins with every frame copied back, and a writer
+/// that commits all the time never begins one then. A longer interval (bigger fsyncs) and a
+/// catch-up checkpoint on the writer after each of these (an fsync per checkpoint and per
+/// restart on the writer) were measured worse: docs/PERFORMANCE.md.
 async fn checkpointer(opts: Arc<SqliteConnectOptions>) {
     let mut conn = match SqliteConnection::connect_with(&opts).await {
         Ok(c) => c,
