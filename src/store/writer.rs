@@ -368,9 +368,10 @@ const CHECKPOINT_EVERY: Duration = Duration::from_millis(250);
 /// connection); `Db::open` keeps the automatic one as a backstop with a high threshold.
 /// Durability is unchanged: commits are as durable as `synchronous` says.
 ///
-/// Under steady load the backstop is what restarts the WAL: SQLite moves it back to its
-/// start only when a write transaction begins with every frame copied back, and a writer
-/// that commits all the time never begins one then. A longer interval (bigger fsyncs) and a
+/// Under steady load the backstop is what usually restarts the WAL: SQLite moves it back
+/// to its start only when a write transaction begins with every frame copied back (and no
+/// reader on a WAL snapshot), and a writer that commits all the time rarely begins one
+/// then. A longer interval (bigger fsyncs) and a
 /// catch-up checkpoint on the writer after each of these (an fsync per checkpoint and per
 /// restart on the writer) were measured worse: docs/PERFORMANCE.md.
 async fn checkpointer(opts: Arc<SqliteConnectOptions>) {
