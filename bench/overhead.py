@@ -43,6 +43,7 @@ Phases
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import datetime as dt
 import json
 import math
@@ -485,6 +486,12 @@ def interleaved(rig: Rig, step: str, rounds: int, extra: list[str], label: str) 
             else:
                 errors_d += res["errors"]
         print(f"  {label} {step}: round {r + 1}/{rounds}", file=sys.stderr, flush=True)
+    stored = cache_entries(rig) if LADDER.index(step) >= LADDER.index("cache") else None
+    if stored == 0:
+        # The step is there to time the lookup and the write of each answer; with nothing
+        # written it timed lookups only (cache_lookup.rs once measured misses as hits after
+        # a change to what the cache keeps): say so rather than print a figure.
+        raise BenchError(f"step {step} stored no cache entry: its answers were not cacheable")
     d, g = lat_summary(raw["direct"]), lat_summary(raw["gateway"])
     paired = [(gr["p50_us"] - dr["p50_us"], gr["p99_us"] - dr["p99_us"])
               for dr, gr in zip(runs["direct"], runs["gateway"])]
@@ -499,12 +506,20 @@ def interleaved(rig: Rig, step: str, rounds: int, extra: list[str], label: str) 
         "added_p99_ms_median_of_rounds": ms(statistics.median(p[1] for p in paired)) if paired else None,
         "gw_cpu_us_per_req": round(cpu / sent * 1e6, 1) if sent else None,
         "gw_idle_cpu_ms_per_s": rig.gw_idle_cpu_ms_per_s,
+        "cache_entries": stored,
         "runs": runs,
     }
     print(f"  {label} {step}: added p50 {out['added_p50_ms']} ms, p99 {out['added_p99_ms']} ms, "
           f"gateway CPU {out['gw_cpu_us_per_req']} us/req, errors {errors_d}/{errors_gw}",
           file=sys.stderr, flush=True)
     return out
+
+
+def cache_entries(rig: Rig) -> int:
+    """Rows in the running gateway's response cache (its writes linger up to 25 ms)."""
+    time.sleep(0.2)
+    with sqlite3.connect(f"file:{rig.db}?mode=ro", uri=True, timeout=5) as db:
+        return db.execute("SELECT count(*) FROM cache_entries").fetchone()[0]
 
 
 def phase_ladder(rig: Rig, p: dict, steps: list[str]) -> dict:
