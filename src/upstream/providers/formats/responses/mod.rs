@@ -137,8 +137,9 @@ pub fn response_reported(response: &Value) -> Option<Reported> {
 /// How many searches a response's `output` holds: its `web_search_call` items, where the
 /// items under one id are one search only when they are all the same item whole (a faulty
 /// upstream's echoes); an id on items that differ (a relay's constant id) vouches for
-/// nothing and each item under it is one, so the count never falls below the bill. An id
-/// is of any JSON type; without one (`null`, `""`) each item is one.
+/// nothing and each item under it is one. An id is of any JSON type; without one (`null`,
+/// `""`) each item is one. Left (DESIGN, threat model): a constant-id relay's identical
+/// search run twice is all-equal too, and counts one below its bill.
 pub fn web_search_calls(response: &Value) -> i64 {
     use std::collections::hash_map::{Entry, HashMap};
     // Per id (its JSON text): the first item, how many items, whether all equal to it.
