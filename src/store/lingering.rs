@@ -219,15 +219,12 @@ mod tests {
     use super::*;
     use std::sync::Mutex;
 
+    /// The batches a test's queue wrote, in order.
+    type Written = Arc<Mutex<Vec<Vec<u32>>>>;
+
     /// A queue on a runtime of its own (one worker, as the gateway's main runtime is to an
     /// HTTP worker), whose batches land in the returned list.
-    fn queue(
-        linger: Duration,
-    ) -> (
-        tokio::runtime::Runtime,
-        Queue<u32>,
-        Arc<Mutex<Vec<Vec<u32>>>>,
-    ) {
+    fn queue(linger: Duration) -> (tokio::runtime::Runtime, Queue<u32>, Written) {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
