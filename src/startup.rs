@@ -64,6 +64,11 @@ pub const SETTLE_MARGIN: Duration = Duration::from_secs(3);
 /// How long the exit waits to settle reservations of unknown outcome (`Quota::settle_unsure`).
 const UNSURE_AT_EXIT: Duration = Duration::from_secs(10);
 
+/// How long the exit waits for the queued request-log rows and cache entries: on
+/// PostgreSQL a batch is retried for minutes while the database is out of reach
+/// (`pg::lingering`), and a supervisor's stop must not wait for that.
+const ROWS_AT_EXIT: Duration = Duration::from_secs(10);
+
 // A stream whose answer was whole at the drain is read on, and its client waited for, at
 // most `AFTER_THE_FINISH` from the drain, its response stored by `STORED_BY`: done before
 // its worker is stopped.
@@ -315,8 +320,15 @@ impl Application {
                 tracing::error!(error = %e, "settling reservations at shutdown failed; the next start will")
             }
         }
-        state.request_log.flush().await;
-        state.cache.flush().await;
+        let rows = async {
+            state.request_log.flush().await;
+            state.cache.flush().await;
+        };
+        if tokio::time::timeout(ROWS_AT_EXIT, rows).await.is_err() {
+            tracing::error!(
+                "request-log rows and cache entries not written at shutdown within {ROWS_AT_EXIT:?} (is the database out of reach?); the ones still queued are lost"
+            );
+        }
         let _ = processes::unregister(&state.db, me).await;
         drop(self.liveness);
         tracing::info!("sluice stopped");

@@ -226,3 +226,50 @@ async fn a_clock_a_little_behind_reports_the_balance_the_cas_enforces() {
         "the balance the host behind reports: {b:?}"
     );
 }
+
+/// A gateway stopped (SIGTERM) while PostgreSQL is out of reach, with request-log rows
+/// queued: the shutdown's flush waited for the rows' writes, each retried for up to 5 min
+/// while the database is out of reach (`pg::lingering`), so the process hung for minutes
+/// (s37 attack F6). It now gives the rows a bounded wait, says it dropped them, and exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_stopped_during_an_outage_exits_without_its_queued_rows() {
+    let server = Arc::new(PgServer::start());
+    let mut fleet = pg_hosts(1, server.database()).await;
+    let (_, token) = fleet.token("stopping", "10").await;
+    let http = reqwest::Client::new();
+    let base = fleet.hosts[0].gw.url.clone();
+    let s = server.clone();
+    tokio::task::spawn_blocking(move || s.stop()).await.unwrap();
+    // Answered 503 during the outage; its log row is queued all the same.
+    let (status, body) = send(
+        http.post(format!("{base}/v1/chat/completions"))
+            .bearer_auth(&token)
+            .json(&chat_body(50)),
+    )
+    .await;
+    assert_eq!(status, 503, "{body}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let child = &mut fleet.hosts[0].gw.child;
+    let pid = child.id().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let stopped = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() && stopped.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let exited = child.try_wait().unwrap().is_some();
+    if !exited {
+        let _ = child.kill();
+    }
+    let s = server.clone();
+    tokio::task::spawn_blocking(move || s.run()).await.unwrap();
+    let logs = fleet.logs();
+    assert!(exited, "still running 60 s after SIGTERM\n{logs}");
+    assert!(
+        logs.contains("not written at shutdown"),
+        "the dropped rows are not named in the log\n{logs}"
+    );
+}
