@@ -82,9 +82,10 @@ impl<T: Send + Sync + 'static> Lingering<T> {
     }
 }
 
-/// The collecting task of either engine and its sending end: items are collected for up to
-/// `LINGER` (or `BATCH` of them, or until a flush) and each batch handed to the engine's
-/// `store`, the one thing that differs.
+/// The collecting task of either engine and its sending end: items are collected for
+/// `LINGER` from a batch's first (cut short by a flush, skipped when a full batch is
+/// already queued), written in batches of at most `BATCH`, each handed to the engine's
+/// `store`, the one thing that differs (`collect`).
 pub(super) struct Queue<T> {
     tx: mpsc::Sender<Msg<T>>,
     /// Ends the collecting task's linger (`collect`).
@@ -138,6 +139,10 @@ impl<T: Send + Sync + 'static> Queue<T> {
     pub(super) async fn flush(&self) {
         let (done, wait) = oneshot::channel();
         if self.tx.send(Msg::Flush(done)).await.is_ok() {
+            // `notify_one`: when the task is not sleeping out a linger now (it is writing
+            // a batch), the signal is kept and cuts the next linger, which may hold this
+            // flush (`notify_waiters` would lose it). A flush on an idle queue leaves its
+            // signal for the next batch, which is then written without a linger.
             self.flushing.notify_one();
             let _ = wait.await;
         }
@@ -147,7 +152,8 @@ impl<T: Send + Sync + 'static> Queue<T> {
 /// Collects batches. Only the first message of a batch wakes the task (`recv`): the
 /// linger is slept out without polling the channel, so the items pushed meanwhile do not
 /// each wake it across threads (a write to the runtime's eventfd and a context switch per
-/// item, ~3 % of the gateway's CPU per lingering kind); a flush cuts the sleep short
+/// item: ~1.6 % of the gateway's CPU samples per lingering kind on the sending side
+/// alone, `docs/PERFORMANCE.md`); a flush cuts the sleep short
 /// (`flushing`). After the linger everything queued is taken, in batches of at most
 /// `BATCH`, each ending at a flush, which is answered once its batch is written; items
 /// that arrive while the last batch is written wait for a linger of their own.
@@ -163,7 +169,8 @@ async fn collect<T, F, W>(
     let mut batch: Vec<T> = Vec::with_capacity(BATCH);
     let mut waiting: Vec<oneshot::Sender<()>> = Vec::new();
     while let Some(first) = rx.recv().await {
-        if matches!(first, Msg::Item(_)) {
+        // A full batch already queued (a backlog behind a slow write) waits no longer.
+        if matches!(first, Msg::Item(_)) && rx.len() < BATCH {
             tokio::select! {
                 _ = tokio::time::sleep(linger) => {}
                 _ = flushing.notified() => {}
@@ -292,11 +299,100 @@ mod tests {
             (0..n).collect::<Vec<_>>(),
             "lost or reordered"
         );
-        // A flush with nothing queued returns at once; items after it wait for the next.
+        // A flush with nothing queued returns at once; an item after it is written by the
+        // next flush.
         q.flush().await;
         q.push(n).await;
         q.flush().await;
         assert_eq!(written.lock().unwrap().last().unwrap(), &vec![n]);
+        drop(q);
+        rt.shutdown_background();
+    }
+
+    /// A queue (30 s linger) whose every batch write is announced on the receiver and then
+    /// waits for a permit of the semaphore.
+    fn gated_queue() -> (
+        tokio::runtime::Runtime,
+        Queue<u32>,
+        mpsc::UnboundedReceiver<Vec<u32>>,
+        Arc<tokio::sync::Semaphore>,
+    ) {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (entered, writing) = mpsc::unbounded_channel();
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let g = gate.clone();
+        let q = {
+            let _in = rt.enter();
+            Queue::start_lingering(Duration::from_secs(30), move |batch: Arc<[u32]>| {
+                let (entered, g) = (entered.clone(), g.clone());
+                async move {
+                    let _ = entered.send(batch.to_vec());
+                    g.acquire().await.unwrap().forget();
+                }
+            })
+        };
+        (rt, q, writing, gate)
+    }
+
+    /// A backlog of a full batch or more, queued while a write was slow (a database out of
+    /// reach), is written as soon as that write returns, not after another linger.
+    #[tokio::test]
+    async fn a_backlog_of_a_full_batch_is_written_without_a_linger() {
+        let (rt, q, mut writing, gate) = gated_queue();
+        q.push(0).await;
+        let flushed = tokio::spawn({
+            let q = q.clone();
+            async move { q.flush().await }
+        });
+        assert_eq!(writing.recv().await.unwrap(), vec![0]);
+        let n = BATCH as u32 + 88;
+        for i in 1..=n {
+            q.push(i).await;
+        }
+        gate.add_permits(3);
+        flushed.await.unwrap();
+        let mut got = Vec::new();
+        while got.len() < n as usize {
+            let batch = tokio::time::timeout(Duration::from_secs(10), writing.recv())
+                .await
+                .expect("the backlog waited out a linger")
+                .unwrap();
+            got.extend(batch);
+        }
+        assert_eq!(got, (1..=n).collect::<Vec<_>>());
+        drop(q);
+        rt.shutdown_background();
+    }
+
+    /// A flush sent while the task is writing the batch before it: the task is not waiting
+    /// for the flush's signal then, which must still cut the next batch's linger short
+    /// (a signal kept for the next wait, `Notify::notify_one`; `notify_waiters` loses it).
+    #[tokio::test]
+    async fn a_flush_sent_while_a_batch_is_written_does_not_wait_out_the_next_linger() {
+        let (rt, q, mut writing, gate) = gated_queue();
+        q.push(0).await;
+        let first = tokio::spawn({
+            let q = q.clone();
+            async move { q.flush().await }
+        });
+        assert_eq!(writing.recv().await.unwrap(), vec![0]);
+        q.push(1).await;
+        let second = tokio::spawn({
+            let q = q.clone();
+            async move { q.flush().await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        gate.add_permits(2);
+        first.await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), second)
+            .await
+            .expect("the second flush waited out the linger")
+            .unwrap();
+        assert_eq!(writing.recv().await.unwrap(), vec![1]);
         drop(q);
         rt.shutdown_background();
     }
