@@ -338,17 +338,29 @@ mod tests {
         (rt, q, writing, gate)
     }
 
+    fn flush_in_background(q: &Queue<u32>) -> tokio::task::JoinHandle<()> {
+        let q = q.clone();
+        tokio::spawn(async move { q.flush().await })
+    }
+
+    /// Pushes item 0 and flushes it in the background: returns the flush once the gated
+    /// queue is writing that first batch.
+    async fn writing_the_first_batch(
+        q: &Queue<u32>,
+        writing: &mut mpsc::UnboundedReceiver<Vec<u32>>,
+    ) -> tokio::task::JoinHandle<()> {
+        q.push(0).await;
+        let flushed = flush_in_background(q);
+        assert_eq!(writing.recv().await.unwrap(), vec![0]);
+        flushed
+    }
+
     /// A backlog of a full batch or more, queued while a write was slow (a database out of
     /// reach), is written as soon as that write returns, not after another linger.
     #[tokio::test]
     async fn a_backlog_of_a_full_batch_is_written_without_a_linger() {
         let (rt, q, mut writing, gate) = gated_queue();
-        q.push(0).await;
-        let flushed = tokio::spawn({
-            let q = q.clone();
-            async move { q.flush().await }
-        });
-        assert_eq!(writing.recv().await.unwrap(), vec![0]);
+        let flushed = writing_the_first_batch(&q, &mut writing).await;
         let n = BATCH as u32 + 88;
         for i in 1..=n {
             q.push(i).await;
@@ -374,17 +386,9 @@ mod tests {
     #[tokio::test]
     async fn a_flush_sent_while_a_batch_is_written_does_not_wait_out_the_next_linger() {
         let (rt, q, mut writing, gate) = gated_queue();
-        q.push(0).await;
-        let first = tokio::spawn({
-            let q = q.clone();
-            async move { q.flush().await }
-        });
-        assert_eq!(writing.recv().await.unwrap(), vec![0]);
+        let first = writing_the_first_batch(&q, &mut writing).await;
         q.push(1).await;
-        let second = tokio::spawn({
-            let q = q.clone();
-            async move { q.flush().await }
-        });
+        let second = flush_in_background(&q);
         tokio::time::sleep(Duration::from_millis(50)).await;
         gate.add_permits(2);
         first.await.unwrap();
