@@ -326,7 +326,7 @@ impl Application {
         };
         if tokio::time::timeout(ROWS_AT_EXIT, rows).await.is_err() {
             tracing::error!(
-                "request-log rows and cache entries not written at shutdown within {ROWS_AT_EXIT:?} (is the database out of reach?); the ones still queued are lost"
+                "request-log rows and cache entries not written at shutdown within {ROWS_AT_EXIT:?} (is the database out of reach?); rows still queued at exit are lost"
             );
         }
         let _ = processes::unregister(&state.db, me).await;
