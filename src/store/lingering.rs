@@ -1,5 +1,6 @@
 //! Writes that may wait: rows that are not money (the request log, cache entries) are
-//! collected for up to `LINGER` and written as one job of the group-commit writer.
+//! collected for `LINGER` from a batch's first and written as one job of the group-commit
+//! writer.
 //!
 //! Under light load a commit of their own per request cost as much CPU as a reservation;
 //! lingering, they share one commit with many others (and usually with the reservations of
@@ -229,14 +230,19 @@ mod tests {
     /// The batches a test's queue wrote, in order.
     type Written = Arc<Mutex<Vec<Vec<u32>>>>;
 
-    /// A queue on a runtime of its own (one worker, as the gateway's main runtime is to an
-    /// HTTP worker), whose batches land in the returned list.
-    fn queue(linger: Duration) -> (tokio::runtime::Runtime, Queue<u32>, Written) {
-        let rt = tokio::runtime::Builder::new_multi_thread()
+    /// A runtime of one worker, as the gateway's main runtime is to an HTTP worker.
+    fn one_worker() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
-            .unwrap();
+            .unwrap()
+    }
+
+    /// A queue on a runtime of its own (`one_worker`), whose batches land in the returned
+    /// list.
+    fn queue(linger: Duration) -> (tokio::runtime::Runtime, Queue<u32>, Written) {
+        let rt = one_worker();
         let written = Arc::new(Mutex::new(Vec::new()));
         let w = written.clone();
         let q = {
@@ -317,11 +323,7 @@ mod tests {
         mpsc::UnboundedReceiver<Vec<u32>>,
         Arc<tokio::sync::Semaphore>,
     ) {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = one_worker();
         let (entered, writing) = mpsc::unbounded_channel();
         let gate = Arc::new(tokio::sync::Semaphore::new(0));
         let g = gate.clone();
