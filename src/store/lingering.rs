@@ -357,6 +357,24 @@ mod tests {
         flushed
     }
 
+    /// With no flush, a row is written once its linger is out (the sleep ends).
+    #[tokio::test]
+    async fn a_row_is_written_when_its_linger_ends_without_a_flush() {
+        let (rt, q, written) = queue(Duration::from_millis(50));
+        q.push(7).await;
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while written.lock().unwrap().is_empty() {
+            assert!(
+                std::time::Instant::now() < until,
+                "never written without a flush"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(*written.lock().unwrap(), vec![vec![7]]);
+        drop(q);
+        rt.shutdown_background();
+    }
+
     /// A backlog of a full batch or more, queued while a write was slow (a database out of
     /// reach), is written as soon as that write returns, not after another linger.
     #[tokio::test]
