@@ -129,7 +129,7 @@ async fn rows_another_replica_evicted_are_forgotten_and_a_drained_table_is_follo
         held.keys.exact,
         Arc::new(super::Entry {
             key: held.keys.exact,
-            answer: answer(),
+            answer: answer().to_string().into(),
             input_tokens: 12,
             output_tokens: 24,
             expires_at: later + Duration::hours(1),
@@ -139,7 +139,8 @@ async fn rows_another_replica_evicted_are_forgotten_and_a_drained_table_is_follo
     b.rebuild(later).await.unwrap();
     let hit = b.get(&held, later, far()).await.expect("found");
     assert_eq!(
-        hit.entry.answer, changed,
+        hit.entry.parsed().unwrap(),
+        changed,
         "the stored answer, not the one held"
     );
 }
@@ -181,7 +182,8 @@ async fn a_row_stored_after_the_newest_was_evicted_is_followed_by_other_replicas
     b.refresh(later).await.unwrap();
     let hit = b.get(&held, later, far()).await.expect("found");
     assert_eq!(
-        hit.entry.answer, changed,
+        hit.entry.parsed().unwrap(),
+        changed,
         "the answer stored again, not the one held"
     );
     assert!(
@@ -257,4 +259,26 @@ async fn content_named_by_its_url_is_cached_only_when_asked_for() {
     );
     let inline_file = json!({"type": "file", "file": {"filename": "r.pdf", "file_data": "data:application/pdf;base64,JVBERi0="}});
     assert!(ask(inline_file, false));
+}
+
+/// An answer nested deeper than `serde_json` parses (an extra field here; a translated
+/// tool call's parsed arguments in the wild) is stored as the text it was, served whole as
+/// it was stored, and cannot be replayed (`Entry::parsed`: the stream goes on as a miss).
+#[tokio::test]
+async fn an_answer_too_deep_to_parse_again_is_held_whole_and_not_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&dir.path().join("deep.db"), false).await.unwrap();
+    let c = cache(&db);
+    let now = Utc::now();
+    let p = plan(&c, "WVWZZZ1JZXW000021");
+    let mut deep = answer();
+    let mut nested = json!(0);
+    for _ in 0..200 {
+        nested = json!([nested]);
+    }
+    deep["system_fingerprint"] = nested;
+    c.put(&p, &deep, (12, 24), now).await;
+    let hit = c.get(&p, now, far()).await.expect("held in memory");
+    assert_eq!(hit.entry.answer, deep.to_string().as_bytes());
+    assert!(hit.entry.parsed().is_none(), "200 levels do not parse");
 }

@@ -1,5 +1,5 @@
 //! What the cache holds in memory, each within a budget: the entries in front of the table
-//! (`Lru`, bounded in count and in the memory their parsed answers hold) and the semantic
+//! (`Lru`, bounded in count and in the memory their answers hold) and the semantic
 //! candidates per context (`Index`, bounded per context and in vector features).
 
 use std::collections::{HashMap, HashSet};
@@ -7,7 +7,6 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use lru::LruCache;
-use serde_json::Value;
 
 use super::embed::Vector;
 use super::key::Key;
@@ -24,27 +23,10 @@ pub(super) const LRU_ENTRIES: usize = 10_000;
 /// `upstream.max_response_bytes`, and 10 000 of them had no bound (s24 attack, cache #2).
 pub(super) const LRU_BYTES: usize = 64 << 20;
 
-/// About the memory an entry holds: the entry and its parsed answer. The answer's text
-/// undercounts it (`[0,0,…]` is two bytes a number as text and a 32-byte `Value` parsed;
-/// s24 review F6), so the bound counts the parsed form.
+/// The memory an entry holds: the entry and its answer's text (held as text, not parsed:
+/// s24 review F6 found a parsed `[0,0,…]` holding 16 times its text).
 pub(super) fn held(e: &Entry) -> usize {
-    std::mem::size_of::<Entry>() + parsed(&e.answer)
-}
-
-/// The heap a parsed JSON value holds beyond its own slot (strings, array slots, and per
-/// object member its key, value slot and a share of the tree's node).
-fn parsed(v: &Value) -> usize {
-    const SLOT: usize = std::mem::size_of::<Value>();
-    const MEMBER: usize = std::mem::size_of::<String>() + SLOT + 16;
-    match v {
-        Value::String(s) => s.capacity(),
-        Value::Array(a) => a.capacity() * SLOT + a.iter().map(parsed).sum::<usize>(),
-        Value::Object(m) => m
-            .iter()
-            .map(|(k, v)| MEMBER + k.capacity() + parsed(v))
-            .sum(),
-        Value::Null | Value::Bool(_) | Value::Number(_) => 0,
-    }
+    std::mem::size_of::<Entry>() + e.answer.len()
 }
 
 /// The entries in memory, least recently used first out, bounded in count and in the
@@ -251,7 +233,7 @@ mod tests {
             let text = "x".repeat(bytes.saturating_sub(std::mem::size_of::<Entry>()));
             Arc::new(Entry {
                 key: [i; 32],
-                answer: Value::String(text),
+                answer: bytes::Bytes::from(text),
                 input_tokens: 0,
                 output_tokens: 0,
                 expires_at: Utc::now(),
@@ -288,23 +270,24 @@ mod tests {
         assert_eq!(lru.bytes, 0);
     }
 
-    /// An answer is counted as the memory it holds parsed, not its text: 100 000 zeros are
-    /// 200 kB of text and 3.2 MB of `Value`s (s24 review F6: 64 MiB of such text held
-    /// over 1 GiB).
+    /// An entry holds its answer as the text it counts: 100 000 zeros are 200 kB held, not
+    /// the 3.2 MB of `Value`s they parse into (s24 review F6: counted by their text, 64 MiB
+    /// of such answers held over 1 GiB parsed).
     #[test]
-    fn an_entry_counts_its_parsed_answer_not_its_text() {
+    fn an_entry_holds_the_text_it_counts() {
         let text = format!("[{}0]", "0,".repeat(99_999));
-        let answer: Value = serde_json::from_str(&text).unwrap();
         let e = Entry {
             key: [0; 32],
-            answer,
+            answer: bytes::Bytes::from(text.clone()),
             input_tokens: 0,
             output_tokens: 0,
             expires_at: Utc::now(),
         };
-        assert!(held(&e) >= 100_000 * std::mem::size_of::<Value>());
-        let object: Value = serde_json::json!({"choices": [{"message": {"content": "hi"}}]});
-        assert!(parsed(&object) > 3 * std::mem::size_of::<Value>());
+        assert_eq!(held(&e), std::mem::size_of::<Entry>() + text.len());
+        assert_eq!(
+            e.parsed().map(|a| a.as_array().map(Vec::len)),
+            Some(Some(100_000))
+        );
     }
 
     /// The index holds at most `MAX_INDEX_FEATURES` features: past it a candidate is not

@@ -23,6 +23,7 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
+use bytes::Bytes;
 use chrono::{DateTime, Duration, Utc};
 use parking_lot::{Mutex, RwLock};
 use serde_json::Value;
@@ -47,10 +48,22 @@ pub enum HitKind {
 
 pub struct Entry {
     pub key: Key,
-    pub answer: Value,
+    /// The answer as JSON text (`Value::to_string`'s): kept as text, not as a parsed tree,
+    /// which held more, in an allocation per string, array and member (and was cloned at
+    /// every store); a whole answer is served as is, a replay parses it.
+    pub answer: Bytes,
     pub input_tokens: i64,
     pub output_tokens: i64,
     pub expires_at: DateTime<Utc>,
+}
+
+impl Entry {
+    /// The answer parsed, for a replay as SSE. `None` for text nested deeper than
+    /// `serde_json` parses (a translated answer may nest a tool call's parsed arguments a
+    /// few levels below its own): such an entry answers whole requests only.
+    pub fn parsed(&self) -> Option<Value> {
+        serde_json::from_slice(&self.answer).ok()
+    }
 }
 
 pub struct Hit {
@@ -289,15 +302,14 @@ impl Cache {
             self.forget_one(key, context);
             return Ok(None);
         };
-        let Ok(answer) = serde_json::from_str(&row.answer) else {
-            return Ok(None);
-        };
-        if !shape::whole(format, &answer) {
+        let whole =
+            serde_json::from_str::<Value>(&row.answer).is_ok_and(|a| shape::whole(format, &a));
+        if !whole {
             return Ok(None);
         }
         let entry = Arc::new(Entry {
             key: *key,
-            answer,
+            answer: Bytes::from(row.answer),
             input_tokens: row.input_tokens,
             output_tokens: row.output_tokens,
             expires_at: DateTime::parse_from_rfc3339(&row.expires_at)
@@ -383,6 +395,7 @@ impl Cache {
             (Some(_), Some(text)) if self.cfg.semantic => self.embedder.embed(text).await.ok(),
             _ => None,
         };
+        let text = answer.to_string();
         let stored = store::cache::NewEntry {
             key: plan.keys.exact,
             scope: plan.scope.clone(),
@@ -394,7 +407,7 @@ impl Cache {
             },
             context_hash: plan.keys.context,
             vector: vector.as_deref().map(embed::to_bytes),
-            answer: answer.to_string(),
+            answer: text.clone(),
             input_tokens: usage.0,
             output_tokens: usage.1,
             tags: plan.tags.clone(),
@@ -405,7 +418,7 @@ impl Cache {
         // (a row that then fails to land only costs a database read on a later lookup).
         let e = Arc::new(Entry {
             key: plan.keys.exact,
-            answer: answer.clone(),
+            answer: Bytes::from(text),
             input_tokens: usage.0,
             output_tokens: usage.1,
             expires_at: expiry(now, plan.ttl),

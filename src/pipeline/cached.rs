@@ -15,10 +15,31 @@ use crate::cache::{replay, Hit, HitKind};
 use crate::state::AppState;
 use crate::store::requests::RequestRow;
 
+/// What a hit answers: its stored text whole, or replayed as SSE for a stream.
+pub enum Body {
+    Whole(Bytes),
+    Frames(Vec<Bytes>),
+}
+
+/// The body of `hit` for `p`; `None` when a stream asks for an entry that cannot be
+/// replayed (`Entry::parsed`): the request then goes on as a miss.
+pub fn body(p: &Prepared, hit: &Hit) -> Option<Body> {
+    if !p.stream {
+        return Some(Body::Whole(hit.entry.answer.clone()));
+    }
+    let answer = hit.entry.parsed()?;
+    Some(Body::Frames(replay::frames(
+        p.endpoint.format(),
+        &answer,
+        p.include_usage,
+    )))
+}
+
 pub async fn answer(
     state: &AppState,
     p: &Prepared,
     hit: &Hit,
+    body: Body,
     log: &mut RequestRow,
     auth: &TokenAuth,
 ) -> HttpResponse {
@@ -46,18 +67,17 @@ pub async fn answer(
         &mut resp, &log.id, "cache", remaining, log.cache, auth, &dropped,
     );
     resp.insert_header(("x-sluice-queue-wait-ms", "0"));
-    if p.stream {
-        let frames = replay::frames(p.endpoint.format(), &hit.entry.answer, p.include_usage);
-        let body = futures_util::stream::iter(
-            frames
-                .into_iter()
-                .map(Ok::<Bytes, std::convert::Infallible>),
-        );
-        resp.content_type("text/event-stream")
-            .insert_header(("cache-control", "no-cache"))
-            .streaming(body)
-    } else {
-        resp.content_type("application/json")
-            .body(hit.entry.answer.to_string())
+    match body {
+        Body::Frames(frames) => {
+            let body = futures_util::stream::iter(
+                frames
+                    .into_iter()
+                    .map(Ok::<Bytes, std::convert::Infallible>),
+            );
+            resp.content_type("text/event-stream")
+                .insert_header(("cache-control", "no-cache"))
+                .streaming(body)
+        }
+        Body::Whole(text) => resp.content_type("application/json").body(text),
     }
 }

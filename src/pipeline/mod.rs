@@ -350,7 +350,9 @@ async fn run(
     if let Some(plan) = &plan {
         log.cache = "miss";
         if !plan.refresh {
-            if let Some(hit) = state.cache.get(plan, state.cache_now(), deadline).await {
+            let hit = state.cache.get(plan, state.cache_now(), deadline).await;
+            let found = hit.and_then(|hit| cached::body(&prepared, &hit).map(|body| (hit, body)));
+            if let Some((hit, body)) = found {
                 // The lookup may have waited on the `http` embedder (up to 5 s): after such
                 // a wait the credential is checked again, as after every other, so a token
                 // revoked meanwhile gets no answer (s27 cache attack F7). Counted from the
@@ -363,7 +365,7 @@ async fn run(
                 drop(span);
                 let (cache, key) = (state.cache.clone(), hit.entry.key);
                 tokio::spawn(async move { cache.record_hit(&key).await });
-                let resp = cached::answer(state, &prepared, &hit, log, &auth).await;
+                let resp = cached::answer(state, &prepared, &hit, body, log, &auth).await;
                 return Ok(Reply::Done(resp));
             }
         }

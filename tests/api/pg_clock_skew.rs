@@ -479,7 +479,7 @@ async fn a_host_ahead_does_not_evict_other_hosts_live_entries() {
         )
         .await
         .expect("still stored");
-    assert_eq!(hit.entry.answer, answer);
+    assert_eq!(hit.entry.parsed().unwrap(), answer);
 }
 
 /// A gateway on PostgreSQL whose clock is `off` from the true time (and the database's).
