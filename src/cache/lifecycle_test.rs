@@ -262,8 +262,10 @@ async fn content_named_by_its_url_is_cached_only_when_asked_for() {
 }
 
 /// An answer nested deeper than `serde_json` parses (an extra field here; a translated
-/// tool call's parsed arguments in the wild) is stored as the text it was, served whole as
-/// it was stored, and cannot be replayed (`Entry::parsed`: the stream goes on as a miss).
+/// tool call's parsed arguments in the wild) is held in memory as the text it was stored
+/// as, and cannot be replayed (`Entry::parsed`: the stream goes on as a miss). Read back
+/// from the table — another replica, a restart — it is a miss for whole requests too, as
+/// it was before entries were held as text.
 #[tokio::test]
 async fn an_answer_too_deep_to_parse_again_is_held_whole_and_not_replayed() {
     let dir = tempfile::tempdir().unwrap();
@@ -281,4 +283,17 @@ async fn an_answer_too_deep_to_parse_again_is_held_whole_and_not_replayed() {
     let hit = c.get(&p, now, far()).await.expect("held in memory");
     assert_eq!(hit.entry.answer, deep.to_string().as_bytes());
     assert!(hit.entry.parsed().is_none(), "200 levels do not parse");
+}
+
+/// The text an entry holds takes no more memory than it counts: `to_string`'s buffer of a
+/// 1 346-byte answer is 2 048 bytes, all of it kept by `Bytes::from` (s38 attack F1).
+#[test]
+fn an_entry_holds_no_more_than_its_text() {
+    let mut a = answer();
+    a["choices"][0]["message"]["content"] = json!("Check the EGR valve. ".repeat(60));
+    let (row, held) = super::texts(&a);
+    assert_eq!(held, row.as_bytes());
+    drop(row);
+    let alone = held.try_into_mut().expect("the only holder");
+    assert_eq!(alone.capacity(), alone.len(), "no spare buffer held");
 }

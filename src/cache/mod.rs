@@ -57,6 +57,16 @@ pub struct Entry {
     pub expires_at: DateTime<Utc>,
 }
 
+/// An answer's text for its table row and for memory. `to_string`'s buffer grows by
+/// doubling and `Bytes::from` keeps all of it: memory gets a copy of its own size, or the
+/// LRU's bound, which counts the text (`memory::held`), held up to twice itself (s38 attack
+/// F1). The row's copy lives until its batch is written.
+fn texts(answer: &Value) -> (String, Bytes) {
+    let row = answer.to_string();
+    let held = Bytes::copy_from_slice(row.as_bytes());
+    (row, held)
+}
+
 impl Entry {
     /// The answer parsed, for a replay as SSE. `None` for text nested deeper than
     /// `serde_json` parses (a translated answer may nest a tool call's parsed arguments a
@@ -395,7 +405,7 @@ impl Cache {
             (Some(_), Some(text)) if self.cfg.semantic => self.embedder.embed(text).await.ok(),
             _ => None,
         };
-        let text = answer.to_string();
+        let (text, held) = texts(answer);
         let stored = store::cache::NewEntry {
             key: plan.keys.exact,
             scope: plan.scope.clone(),
@@ -407,7 +417,7 @@ impl Cache {
             },
             context_hash: plan.keys.context,
             vector: vector.as_deref().map(embed::to_bytes),
-            answer: text.clone(),
+            answer: text,
             input_tokens: usage.0,
             output_tokens: usage.1,
             tags: plan.tags.clone(),
@@ -418,7 +428,7 @@ impl Cache {
         // (a row that then fails to land only costs a database read on a later lookup).
         let e = Arc::new(Entry {
             key: plan.keys.exact,
-            answer: Bytes::from(text),
+            answer: held,
             input_tokens: usage.0,
             output_tokens: usage.1,
             expires_at: expiry(now, plan.ttl),
