@@ -239,6 +239,14 @@ mod tests {
             .unwrap()
     }
 
+    /// `f`'s output; the test fails, saying `what`, when it takes 10 s (the tests' lingers
+    /// are 30 s).
+    async fn soon<T>(f: impl Future<Output = T>, what: &str) -> T {
+        tokio::time::timeout(Duration::from_secs(10), f)
+            .await
+            .unwrap_or_else(|_| panic!("{what}"))
+    }
+
     /// A queue on a runtime of its own (`one_worker`), whose batches land in the returned
     /// list.
     fn queue(linger: Duration) -> (tokio::runtime::Runtime, Queue<u32>, Written) {
@@ -389,9 +397,8 @@ mod tests {
         flushed.await.unwrap();
         let mut got = Vec::new();
         while got.len() < n as usize {
-            let batch = tokio::time::timeout(Duration::from_secs(10), writing.recv())
+            let batch = soon(writing.recv(), "the backlog waited out a linger")
                 .await
-                .expect("the backlog waited out a linger")
                 .unwrap();
             got.extend(batch);
         }
@@ -412,9 +419,8 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         gate.add_permits(2);
         first.await.unwrap();
-        tokio::time::timeout(Duration::from_secs(10), second)
+        soon(second, "the second flush waited out the linger")
             .await
-            .expect("the second flush waited out the linger")
             .unwrap();
         assert_eq!(writing.recv().await.unwrap(), vec![1]);
         drop(q);

@@ -1070,3 +1070,46 @@ async fn hosts_evicting_at_once_leave_the_cap() {
         assert_eq!((left, evicted), (10, surplus), "round {round}");
     }
 }
+
+/// An answer nested deeper than it parses again — an OpenAI model's tool arguments 127
+/// levels deep, streamed to an Anthropic client whose `input` holds them parsed three
+/// levels down — is stored from the stream, but cannot be replayed: the streamed repeat
+/// goes to the upstream as a miss and is charged as one, never a broken replay (s38: entries
+/// held as text). (Whole, the same translated answer is not stored: it is read back from
+/// the body it was sent as, which does not parse.)
+#[tokio::test]
+async fn a_stream_asking_for_an_answer_too_deep_to_replay_is_a_miss() {
+    let app = spawn_app().await;
+    let (_, token) = app.token("deep", None).await;
+    let args = format!("{{\"a\":{}0{}}}", "[".repeat(126), "]".repeat(126));
+    let script = || sluice::mock::Script {
+        tool_arguments: Some(args.clone()),
+        ..Default::default()
+    };
+    app.mock.state.script(KEY_A, [script(), script()]);
+    let ask = json!({"model": "gpt-4o-mini", "max_tokens": 50, "temperature": 0, "stream": true,
+        "tools": [{"name": "lookup_order", "input_schema": {"type": "object"}}],
+        "messages": [{"role": "user", "content": "Where is my order?"}]});
+    let resp = app.post("/v1/messages", &token, &ask).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers().get("x-sluice-cache").unwrap(), "miss");
+    let body = resp.text().await.unwrap();
+    assert!(body.contains("input_json_delta"), "{body}");
+    app.wait_for_cache_entries(1).await;
+
+    let resp = app.post("/v1/messages", &token, &ask).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers().get("x-sluice-cache").unwrap(), "miss");
+    let body = resp.text().await.unwrap();
+    assert!(body.contains("message_stop"), "{body}");
+    assert_eq!(
+        app.mock.state.stats(KEY_A).count,
+        2,
+        "the upstream answered it"
+    );
+    app.wait_for_log_rows(2).await;
+    let charged: i64 = app
+        .scalar("SELECT COUNT(*) FROM requests WHERE cache = 'miss' AND cost_micros > 0")
+        .await;
+    assert_eq!(charged, 2, "both were charged as misses");
+}
