@@ -19,13 +19,14 @@ pub mod replay;
 pub mod shape;
 mod words;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use chrono::{DateTime, Duration, Utc};
 use parking_lot::{Mutex, RwLock};
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::config::{CacheSettings, UpstreamTimeouts};
@@ -57,6 +58,18 @@ pub struct Entry {
     pub expires_at: DateTime<Utc>,
 }
 
+/// The members of a stored answer a replay reads, of either format (`replay::frames`).
+const REPLAYED: [&str; 8] = [
+    "id",
+    "created",
+    "model",
+    "choices",
+    "usage",
+    "content",
+    "stop_reason",
+    "stop_sequence",
+];
+
 /// An answer's text for its table row and for memory. `to_string`'s buffer grows by
 /// doubling and `Bytes::from` keeps all of it: memory gets a copy of its own size, or the
 /// LRU's bound, which counts the text (`memory::held`), held up to twice itself (s38 attack
@@ -68,11 +81,21 @@ fn texts(answer: &Value) -> (String, Bytes) {
 }
 
 impl Entry {
-    /// The answer parsed, for a replay as SSE. `None` for text nested deeper than
-    /// `serde_json` parses (a translated answer may nest a tool call's parsed arguments a
-    /// few levels below its own): such an entry answers whole requests only.
-    pub fn parsed(&self) -> Option<Value> {
-        serde_json::from_slice(&self.answer).ok()
+    /// The members of the answer a replay as SSE reads (`replay::frames`), parsed; the
+    /// others are passed over unparsed — a member no replay reads, parsed at every streamed
+    /// hit, could hold 16 times its text (s38 stop attack F1). `None` for text nested deeper
+    /// than `serde_json` parses (a tool call's arguments streamed to a client of the other
+    /// format, parsed a few levels below the answer's own): such an entry answers whole
+    /// requests only.
+    pub fn replayed(&self) -> Option<Value> {
+        let members: HashMap<String, &RawValue> = serde_json::from_slice(&self.answer).ok()?;
+        let mut replayed = serde_json::Map::new();
+        for name in REPLAYED {
+            if let Some(raw) = members.get(name) {
+                replayed.insert(name.into(), serde_json::from_str(raw.get()).ok()?);
+            }
+        }
+        Some(Value::Object(replayed))
     }
 }
 
@@ -312,14 +335,16 @@ impl Cache {
             self.forget_one(key, context);
             return Ok(None);
         };
-        let whole =
-            serde_json::from_str::<Value>(&row.answer).is_ok_and(|a| shape::whole(format, &a));
-        if !whole {
-            return Ok(None);
-        }
+        // Held as written again from what was checked: a row holding a member twice (by
+        // hand, by another program) is judged on the last, as parsing keeps it, and its text
+        // would have served the first (s38 stop attack F2).
+        let answer = match serde_json::from_str::<Value>(&row.answer) {
+            Ok(a) if shape::whole(format, &a) => texts(&a).1,
+            _ => return Ok(None),
+        };
         let entry = Arc::new(Entry {
             key: *key,
-            answer: Bytes::from(row.answer),
+            answer,
             input_tokens: row.input_tokens,
             output_tokens: row.output_tokens,
             expires_at: DateTime::parse_from_rfc3339(&row.expires_at)

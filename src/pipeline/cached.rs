@@ -22,12 +22,12 @@ pub enum Body {
 }
 
 /// The body of `hit` for `p`; `None` when a stream asks for an entry that cannot be
-/// replayed (`Entry::parsed`): the request then goes on as a miss.
+/// replayed (`Entry::replayed`): the request then goes on as a miss.
 pub fn body(p: &Prepared, hit: &Hit) -> Option<Body> {
     if !p.stream {
         return Some(Body::Whole(hit.entry.answer.clone()));
     }
-    let answer = hit.entry.parsed()?;
+    let answer = hit.entry.replayed()?;
     Some(Body::Frames(replay::frames(
         p.endpoint.format(),
         &answer,
