@@ -326,30 +326,3 @@ async fn a_replay_parses_only_what_it_replays() {
     wide.as_object_mut().unwrap().remove("object");
     assert_eq!(replayed, wide);
 }
-
-/// A row read back from the table is served as it was checked: a row holding a member
-/// twice (written by hand, or by another program) is judged on the last one, as parsing
-/// keeps it, and must not serve the first (s38 stop attack F2).
-#[tokio::test]
-async fn a_row_read_back_is_served_as_it_was_checked() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(&dir.path().join("twice.db"), false).await.unwrap();
-    let (a, b) = (cache(&db), cache(&db));
-    let now = Utc::now();
-    let p = plan(&a, "WVWZZZ1JZXW000023");
-    a.put(&p, &answer(), (12, 24), now).await;
-    a.flush().await;
-    let whole = answer().to_string();
-    let cut = r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"Check the"},"finish_reason":"length"}],"#;
-    let twice = format!("{cut}{}", &whole[1..]);
-    sqlx::query("UPDATE cache_entries SET answer = ?")
-        .bind(&twice)
-        .execute(&db.sqlite().write)
-        .await
-        .unwrap();
-    b.refresh(now).await.unwrap();
-    let hit = b.get(&p, now, far()).await.expect("found");
-    let served = std::str::from_utf8(&hit.entry.answer).unwrap();
-    assert!(!served.contains("\"length\""), "{served}");
-    assert_eq!(served, whole);
-}

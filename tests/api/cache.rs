@@ -1122,3 +1122,40 @@ async fn a_stream_asking_for_an_answer_too_deep_to_replay_is_a_miss() {
         .await;
     assert_eq!(charged, 2, "both were charged as misses");
 }
+
+/// A row read back from the table is served as it was checked: a row holding a member
+/// twice (written by hand, or by another program) is judged on the last one, as parsing
+/// keeps it, and must not serve the first (s38 stop attack F2). On a SQLite file: the row
+/// is rewritten by hand.
+#[tokio::test]
+async fn a_row_read_back_is_served_as_it_was_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = sluice::store::Db::open(&dir.path().join("twice.db"), false)
+        .await
+        .unwrap();
+    let (a, b) = (cache_on(&db), cache_on(&db));
+    let now = chrono::Utc::now();
+    let body = question("WVWZZZ1JZXW000043");
+    let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
+        "message": {"role": "assistant", "content": "Check the EGR valve."}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 24, "total_tokens": 36}});
+    a.put(&plan_of(&a, &body, None), &answer, (12, 24), now)
+        .await;
+    a.flush().await;
+    let whole = answer.to_string();
+    let cut = r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"Check the"},"finish_reason":"length"}],"#;
+    let twice = format!("{cut}{}", &whole[1..]);
+    sqlx::query("UPDATE cache_entries SET answer = ?")
+        .bind(&twice)
+        .execute(&db.sqlite().write)
+        .await
+        .unwrap();
+    b.refresh(now).await.unwrap();
+    let hit = b
+        .get(&plan_of(&b, &body, None), now, no_deadline())
+        .await
+        .expect("found");
+    let served = std::str::from_utf8(&hit.entry.answer).unwrap();
+    assert!(!served.contains("\"length\""), "{served}");
+    assert_eq!(served, whole);
+}
