@@ -132,6 +132,7 @@ async fn rows_another_replica_evicted_are_forgotten_and_a_drained_table_is_follo
             answer: answer().to_string().into(),
             input_tokens: 12,
             output_tokens: 24,
+            version: 1,
             expires_at: later + Duration::hours(1),
         }),
         1,
@@ -325,4 +326,41 @@ async fn a_replay_parses_only_what_it_replays() {
     wide.as_object_mut().unwrap().remove("service_tier_detail");
     wide.as_object_mut().unwrap().remove("object");
     assert_eq!(replayed, wide);
+}
+
+/// A replica keeps its own new entries in memory at its refresh: the refresh popped every
+/// key stored since the last, its own too, and each answer was read from the table again
+/// at its next use a second later (s38 lead). One stored again by another replica still
+/// gives way (s24 attack, cache #6).
+#[tokio::test]
+async fn a_replicas_own_entries_stay_in_its_memory_at_its_refresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&dir.path().join("own.db"), false).await.unwrap();
+    let (a, b) = (cache(&db), cache(&db));
+    let now = Utc::now();
+    a.refresh(now).await.unwrap(); // as at its start: the first reads the whole table
+    let held = plan(&a, "WVWZZZ1JZXW000021");
+    a.put(&held, &answer(), (12, 24), now).await;
+    a.flush().await;
+    a.refresh(now).await.unwrap();
+    assert!(
+        a.lru.lock().get(&held.keys.exact).is_some(),
+        "A's own entry stays in its memory"
+    );
+
+    // B stores it again in the same millisecond: the times of the two rows are equal.
+    let mut changed = answer();
+    changed["choices"][0]["message"]["content"] = json!("Replace the EGR valve.");
+    b.put(&held, &changed, (12, 24), now).await;
+    b.flush().await;
+    a.refresh(now).await.unwrap();
+    assert!(
+        a.lru.lock().get(&held.keys.exact).is_none(),
+        "stored again by B: the answer A held gives way"
+    );
+    let hit = a.get(&held, now, far()).await.expect("found");
+    assert_eq!(
+        serde_json::from_slice::<Value>(&hit.entry.answer).unwrap(),
+        changed
+    );
 }

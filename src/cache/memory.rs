@@ -69,6 +69,11 @@ impl Lru {
         }
     }
 
+    /// The entry held for `key`, without marking it used.
+    pub(super) fn peek(&self, key: &Key) -> Option<&Arc<Entry>> {
+        self.entries.peek(key).map(|(e, _)| e)
+    }
+
     pub(super) fn pop(&mut self, key: &Key) {
         if let Some((_, gone)) = self.entries.pop(key) {
             self.bytes -= gone;
@@ -236,6 +241,7 @@ mod tests {
                 answer: bytes::Bytes::from(text),
                 input_tokens: 0,
                 output_tokens: 0,
+                version: 1,
                 expires_at: Utc::now(),
             })
         };
@@ -281,6 +287,7 @@ mod tests {
             answer: bytes::Bytes::from(text.clone()),
             input_tokens: 0,
             output_tokens: 0,
+            version: 1,
             expires_at: Utc::now(),
         };
         assert_eq!(held(&e), std::mem::size_of::<Entry>() + text.len());

@@ -55,6 +55,9 @@ pub struct Entry {
     pub answer: Bytes,
     pub input_tokens: i64,
     pub output_tokens: i64,
+    /// Which store of its key this is (`store::cache::NewEntry::version`): a refresh keeps
+    /// the entry when the key's new row is this very one.
+    pub version: i64,
     pub expires_at: DateTime<Utc>,
 }
 
@@ -347,6 +350,7 @@ impl Cache {
             answer,
             input_tokens: row.input_tokens,
             output_tokens: row.output_tokens,
+            version: row.version,
             expires_at: DateTime::parse_from_rfc3339(&row.expires_at)
                 .map(|t| t.with_timezone(&Utc))
                 .unwrap_or(now),
@@ -431,6 +435,7 @@ impl Cache {
             _ => None,
         };
         let (text, held) = texts(answer);
+        let version = rand::random::<i64>() | 1;
         let stored = store::cache::NewEntry {
             key: plan.keys.exact,
             scope: plan.scope.clone(),
@@ -448,6 +453,7 @@ impl Cache {
             tags: plan.tags.clone(),
             created_at: now,
             expires_at: expiry(now, plan.ttl),
+            version,
         };
         // Memory first, then the database: once the row is there, this replica finds it
         // (a row that then fails to land only costs a database read on a later lookup).
@@ -456,6 +462,7 @@ impl Cache {
             answer: held,
             input_tokens: usage.0,
             output_tokens: usage.1,
+            version,
             expires_at: expiry(now, plan.ttl),
         });
         let bytes = memory::held(&e);
@@ -590,21 +597,30 @@ impl Cache {
         // when another replica stored something.
         let after = self.seen_rowid.load(Ordering::Relaxed);
         let keys = store::cache::keys_after(&self.db, after, now).await?;
-        let Some(last) = keys.last().map(|(rowid, _)| *rowid) else {
+        let Some(last) = keys.last().map(|r| r.id) else {
             return Ok(());
         };
+        let keys: Vec<(Key, i64)> = keys
+            .iter()
+            .filter_map(|r| Some((as_key(&r.key)?, r.version)))
+            .collect();
         let foreign = {
             let present = self.present.read();
-            keys.iter()
-                .any(|(_, k)| as_key(k).is_some_and(|k| !present.contains(&prefix(&k))))
+            keys.iter().any(|(k, _)| !present.contains(&prefix(k)))
         };
         // A key stored again (`x-sluice-cache: refresh`, here or on another replica) has a
         // new answer: the one held in memory gives way, read again from the database at
-        // its next use — it was served until its expiry (s24 attack, cache #6).
+        // its next use — it was served until its expiry (s24 attack, cache #6). The very
+        // version held stays: most new rows are this replica's own, and popping them cost
+        // each a table read at its next use (s38 lead).
         {
             let mut lru = self.lru.lock();
-            for k in keys.iter().filter_map(|(_, k)| as_key(k)) {
-                lru.pop(&k);
+            for (k, version) in &keys {
+                // 0: a row stored by a version of Sluice before versions (or by hand).
+                let held = *version != 0 && lru.peek(k).is_some_and(|e| e.version == *version);
+                if !held {
+                    lru.pop(k);
+                }
             }
         }
         let mut from = after;

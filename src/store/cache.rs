@@ -14,6 +14,16 @@ pub struct EntryRow {
     pub input_tokens: i64,
     pub output_tokens: i64,
     pub expires_at: String,
+    pub version: i64,
+}
+
+/// A live entry stored since a replica last looked (`keys_after`), and which store of its
+/// key the row holds.
+#[derive(Debug, Clone, FromRow)]
+pub struct KeyRow {
+    pub id: i64,
+    pub key: Vec<u8>,
+    pub version: i64,
 }
 
 /// An entry to store (queued in memory until its batch is written, so it owns its data).
@@ -30,6 +40,9 @@ pub struct NewEntry {
     pub tags: String,
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
+    /// Drawn at random, never 0, per store: which store of its key a row holds, where
+    /// times may be equal (two replicas storing one key in the same millisecond).
+    pub version: i64,
 }
 
 pub async fn get(db: &super::Db, key: &[u8], now: DateTime<Utc>) -> Result<Option<EntryRow>> {
@@ -38,15 +51,15 @@ pub async fn get(db: &super::Db, key: &[u8], now: DateTime<Utc>) -> Result<Optio
         super::Backend::Postgres(pg) => return super::pg::cache::get(&pg.pool, key, now).await,
     };
     let pool = &sqlite.read;
-    Ok(sqlx::query_as("SELECT key, answer, input_tokens, output_tokens, expires_at FROM cache_entries WHERE key = ? AND expires_at > ?")
+    Ok(sqlx::query_as("SELECT key, answer, input_tokens, output_tokens, expires_at, version FROM cache_entries WHERE key = ? AND expires_at > ?")
         .bind(key)
         .bind(db_time(now))
         .fetch_optional(pool)
         .await?)
 }
 
-const PUT: &str = "INSERT OR REPLACE INTO cache_entries (key, scope, model, format, context_hash, vector, answer, input_tokens, output_tokens, tags, created_at, expires_at)
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+const PUT: &str = "INSERT OR REPLACE INTO cache_entries (key, scope, model, format, context_hash, vector, answer, input_tokens, output_tokens, tags, created_at, expires_at, version)
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
 /// How cache entries' batches are written on each engine (`store::lingering`).
 pub const PUT_BATCH: super::lingering::BatchWrite<NewEntry> = super::lingering::BatchWrite {
@@ -81,6 +94,7 @@ pub fn put_batch_tx(tx: &mut Tx<'_>, entries: &[NewEntry]) -> Result<()> {
                 e.tags.as_str().into(),
                 created.as_str().into(),
                 expires.as_str().into(),
+                e.version.into(),
             ],
         )?;
     }
@@ -117,11 +131,7 @@ pub async fn index_rows(
 
 /// (rowid, key) of the live entries stored after rowid `after`: enough to tell whether
 /// another replica stored anything, without reading vectors back.
-pub async fn keys_after(
-    db: &super::Db,
-    after: i64,
-    now: DateTime<Utc>,
-) -> Result<Vec<(i64, Vec<u8>)>> {
+pub async fn keys_after(db: &super::Db, after: i64, now: DateTime<Utc>) -> Result<Vec<KeyRow>> {
     let sqlite = match &db.backend {
         super::Backend::Sqlite(sqlite) => sqlite,
         super::Backend::Postgres(pg) => {
@@ -130,7 +140,7 @@ pub async fn keys_after(
     };
     let pool = &sqlite.read;
     Ok(sqlx::query_as(
-        "SELECT rowid, key FROM cache_entries WHERE rowid > ? AND expires_at > ? ORDER BY rowid",
+        "SELECT rowid AS id, key, version FROM cache_entries WHERE rowid > ? AND expires_at > ? ORDER BY rowid",
     )
     .bind(after)
     .bind(db_time(now))

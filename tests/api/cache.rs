@@ -1159,3 +1159,48 @@ async fn a_row_read_back_is_served_as_it_was_checked() {
     assert!(!served.contains("\"length\""), "{served}");
     assert_eq!(served, whole);
 }
+
+/// A row stored by a version of Sluice before row versions (0, as every row the migration
+/// found) is never taken for the one a replica holds: an older replica storing a key again
+/// in a mixed fleet replaces the answer held here at the next refresh, as before versions.
+#[tokio::test]
+async fn a_row_without_a_version_always_replaces_the_entry_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = sluice::store::Db::open(&dir.path().join("unversioned.db"), false)
+        .await
+        .unwrap();
+    let (a, b) = (cache_on(&db), cache_on(&db));
+    let now = chrono::Utc::now();
+    a.refresh(now).await.unwrap();
+    b.refresh(now).await.unwrap();
+    let body = question("WVWZZZ1JZXW000044");
+    let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
+        "message": {"role": "assistant", "content": "Check the EGR valve."}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 24, "total_tokens": 36}});
+    a.put(&plan_of(&a, &body, None), &answer, (12, 24), now)
+        .await;
+    a.flush().await;
+    // The row as an older replica leaves it; B reads it into its memory.
+    let unversioned = |text: String| {
+        sqlx::query(
+            "INSERT OR REPLACE INTO cache_entries (key, scope, model, format, context_hash, vector, answer, input_tokens, output_tokens, tags, created_at, expires_at, hits)
+             SELECT key, scope, model, format, context_hash, vector, ?, input_tokens, output_tokens, tags, created_at, expires_at, hits FROM cache_entries",
+        )
+        .bind(text)
+        .execute(&db.sqlite().write)
+    };
+    unversioned(answer.to_string()).await.unwrap();
+    b.refresh(now).await.unwrap();
+    let plan = plan_of(&b, &body, None);
+    assert!(b.get(&plan, now, no_deadline()).await.is_some());
+    let mut again = answer.clone();
+    again["choices"][0]["message"]["content"] = json!("Replace the EGR valve.");
+    unversioned(again.to_string()).await.unwrap();
+    b.refresh(now).await.unwrap();
+    let hit = b.get(&plan, now, no_deadline()).await.expect("found");
+    assert_eq!(
+        serde_json::from_slice::<Value>(&hit.entry.answer).unwrap(),
+        again,
+        "the older replica's new answer, not the one held"
+    );
+}

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use sluice::store::cache::NewEntry;
+use sluice::store::cache::{KeyRow, NewEntry};
 use sluice::store::pg;
 use sluice::store::pg::notify::{Epoch, Heard};
 use sluice::store::requests::RequestRow;
@@ -136,13 +136,19 @@ fn new_entry(key: u8, tags: &str, answer: &str, minute: u32) -> NewEntry {
         tags: tags.into(),
         created_at: at(10, minute),
         expires_at: at(20, minute),
+        version: i64::from(key) * 100 + i64::from(minute) + 1,
     }
 }
 
 /// Keys of entries after `after`, in id order (ids themselves may differ between engines:
 /// only their order and "newer than" matter to the indexes).
-fn keys_of(rows: &[(i64, Vec<u8>)]) -> Vec<u8> {
-    rows.iter().map(|(_, k)| k[0]).collect()
+fn keys_of(rows: &[KeyRow]) -> Vec<u8> {
+    rows.iter().map(|r| r.key[0]).collect()
+}
+
+/// Which store of each key the rows hold, as a refresh compares it with an entry held.
+fn versions(rows: &[KeyRow]) -> Vec<i64> {
+    rows.iter().map(|r| r.version).collect()
 }
 
 #[tokio::test]
@@ -181,6 +187,7 @@ async fn cache_batches_replace_and_tags_match_as_on_sqlite() {
     let (l, p) = read_both!(b, cache::keys_after(0, now));
     let (l, p) = (l.unwrap(), p.unwrap());
     assert_eq!(keys_of(&l), keys_of(&p), "same entries in the same order");
+    assert_eq!(versions(&l), versions(&p), "the same stores");
     assert_eq!(
         keys_of(&p),
         [2, 1, 3, 4],
@@ -195,7 +202,7 @@ async fn cache_batches_replace_and_tags_match_as_on_sqlite() {
     assert_eq!(strip(l_idx.unwrap()), strip(p_idx.unwrap()));
     // Hits, then a replacement: a new, newer id and the hit count starts over (SQLite's
     // INSERT OR REPLACE deletes and re-inserts).
-    let seen = p.last().unwrap().0;
+    let seen = p.last().unwrap().id;
     writer::once(&b.lite.sqlite().write, |tx| {
         sluice::store::cache::count_hit_tx(tx, &[2; 32])
     })
@@ -223,6 +230,7 @@ async fn cache_batches_replace_and_tags_match_as_on_sqlite() {
         [2],
         "the replaced entry is new to the indexes"
     );
+    assert_eq!(versions(&after), [210], "holding the new store's version");
     let pg_hits: i64 = sqlx::query_scalar(hits)
         .bind([2u8; 32].as_slice())
         .fetch_one(&b.pool)
@@ -470,7 +478,7 @@ async fn cache_entries_become_visible_in_id_order_across_writers() {
     }
     // A reader polls now, then again after both committed.
     let first = pg::cache::keys_after(&b.pool, 0, now).await.unwrap();
-    let seen = first.last().map_or(0, |(id, _)| *id);
+    let seen = first.last().map_or(0, |r| r.id);
     a.commit().await.unwrap();
     host_b.await.unwrap();
     let second = pg::cache::keys_after(&b.pool, seen, now).await.unwrap();

@@ -18,7 +18,7 @@ use sqlx::{PgConnection, PgPool};
 use super::notify::{self, Epoch};
 use super::text;
 use crate::clock::db_time;
-use crate::store::cache::{EntryRow, IndexRow, NewEntry};
+use crate::store::cache::{EntryRow, IndexRow, KeyRow, NewEntry};
 use crate::store::ledger::Owner;
 use crate::store::Result;
 
@@ -29,20 +29,20 @@ const CACHE_LOCK: i64 = 0x736c_7569_6365_0a02;
 const EVICT_LOCK: i64 = 0x736c_7569_6365_0a03;
 
 pub async fn get(pool: &PgPool, key: &[u8], now: DateTime<Utc>) -> Result<Option<EntryRow>> {
-    Ok(sqlx::query_as("SELECT key, answer, input_tokens, output_tokens, expires_at FROM cache_entries WHERE key = $1 AND expires_at > $2")
+    Ok(sqlx::query_as("SELECT key, answer, input_tokens, output_tokens, expires_at, version FROM cache_entries WHERE key = $1 AND expires_at > $2")
         .bind(key)
         .bind(db_time(now))
         .fetch_optional(pool)
         .await?)
 }
 
-const PUT: &str = "INSERT INTO cache_entries (key, scope, model, format, context_hash, vector, answer, input_tokens, output_tokens, tags, created_at, expires_at)
+const PUT: &str = "INSERT INTO cache_entries (key, scope, model, format, context_hash, vector, answer, input_tokens, output_tokens, tags, created_at, expires_at, version)
      SELECT * FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::bytea[], $7::text[],
-                          $8::bigint[], $9::bigint[], $10::text[], $11::text[], $12::text[])
+                          $8::bigint[], $9::bigint[], $10::text[], $11::text[], $12::text[], $13::bigint[])
      ON CONFLICT (key) DO UPDATE SET id = DEFAULT, scope = EXCLUDED.scope, model = EXCLUDED.model, format = EXCLUDED.format,
         context_hash = EXCLUDED.context_hash, vector = EXCLUDED.vector, answer = EXCLUDED.answer,
         input_tokens = EXCLUDED.input_tokens, output_tokens = EXCLUDED.output_tokens, tags = EXCLUDED.tags,
-        created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at, hits = 0";
+        created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at, version = EXCLUDED.version, hits = 0";
 
 /// Stores a batch of entries inside the caller's transaction, in one statement.
 pub async fn put_batch_tx(conn: &mut PgConnection, entries: &[NewEntry]) -> Result<()> {
@@ -89,6 +89,7 @@ pub async fn put_batch_tx(conn: &mut PgConnection, entries: &[NewEntry]) -> Resu
         .bind(text(|e| e.tags.clone()))
         .bind(text(|e| db_time(e.created_at)))
         .bind(text(|e| db_time(e.expires_at)))
+        .bind(last.iter().map(|e| e.version).collect::<Vec<_>>())
         .execute(conn)
         .await?;
     Ok(())
@@ -112,13 +113,9 @@ pub async fn index_rows(
 }
 
 /// (id, key) of the live entries stored after id `after`.
-pub async fn keys_after(
-    pool: &PgPool,
-    after: i64,
-    now: DateTime<Utc>,
-) -> Result<Vec<(i64, Vec<u8>)>> {
+pub async fn keys_after(pool: &PgPool, after: i64, now: DateTime<Utc>) -> Result<Vec<KeyRow>> {
     Ok(sqlx::query_as(
-        "SELECT id, key FROM cache_entries WHERE id > $1 AND expires_at > $2 ORDER BY id",
+        "SELECT id, key, version FROM cache_entries WHERE id > $1 AND expires_at > $2 ORDER BY id",
     )
     .bind(after)
     .bind(db_time(now))
