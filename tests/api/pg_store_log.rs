@@ -311,6 +311,79 @@ async fn cache_batches_replace_and_tags_match_as_on_sqlite() {
     b.lite.close().await;
 }
 
+/// A store by an older Sluice still running in the fleet (its statements set every column
+/// but `version`) leaves the row unversioned on both engines: on PostgreSQL its upsert kept
+/// the version of the store it replaced, and a replica holding that store kept serving it
+/// (s39 attack F1). A hit's count leaves the version as it is.
+#[tokio::test]
+async fn an_older_replicas_store_leaves_its_row_unversioned() {
+    let b = both().await;
+    let entry = new_entry(7, ",", "seven", 0);
+    writer::once(&b.lite.sqlite().write, |tx| {
+        sluice::store::cache::put_batch_tx(tx, std::slice::from_ref(&entry))
+    })
+    .await
+    .unwrap();
+    let mut tx = b.pool.begin().await.unwrap();
+    pg::cache::put_batch_tx(&mut tx, std::slice::from_ref(&entry))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    pg::cache::count_hit_tx(&mut b.pool.acquire().await.unwrap(), &[7; 32])
+        .await
+        .unwrap();
+    let version = "SELECT version FROM cache_entries WHERE key = $1";
+    let read = |pool: sqlx::PgPool| async move {
+        let v: i64 = sqlx::query_scalar(version)
+            .bind([7u8; 32].as_slice())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        v
+    };
+    assert_eq!(read(b.pool.clone()).await, 701, "a hit keeps the version");
+    // The statements of the version before versions, as they were.
+    sqlx::query(
+        "INSERT OR REPLACE INTO cache_entries (key, scope, model, format, context_hash, vector, answer, input_tokens, output_tokens, tags, created_at, expires_at)
+         VALUES (?, 'team:1', 'gpt-4o-mini', 'openai', NULL, NULL, 'seven again', 7, 2, ',', '2026-01-10T10:00:00.000Z', '2026-01-10T20:00:00.000Z')",
+    )
+    .bind([7u8; 32].as_slice())
+    .execute(&b.lite.sqlite().write)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO cache_entries (key, scope, model, format, context_hash, vector, answer, input_tokens, output_tokens, tags, created_at, expires_at)
+         SELECT * FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::bytea[], $7::text[],
+                              $8::bigint[], $9::bigint[], $10::text[], $11::text[], $12::text[])
+         ON CONFLICT (key) DO UPDATE SET id = DEFAULT, scope = EXCLUDED.scope, model = EXCLUDED.model, format = EXCLUDED.format,
+            context_hash = EXCLUDED.context_hash, vector = EXCLUDED.vector, answer = EXCLUDED.answer,
+            input_tokens = EXCLUDED.input_tokens, output_tokens = EXCLUDED.output_tokens, tags = EXCLUDED.tags,
+            created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at, hits = 0",
+    )
+    .bind(vec![vec![7u8; 32]])
+    .bind(vec!["team:1"])
+    .bind(vec!["gpt-4o-mini"])
+    .bind(vec!["openai"])
+    .bind(vec![None::<Vec<u8>>])
+    .bind(vec![None::<Vec<u8>>])
+    .bind(vec!["seven again"])
+    .bind(vec![7i64])
+    .bind(vec![2i64])
+    .bind(vec![","])
+    .bind(vec!["2026-01-10T10:00:00.000Z"])
+    .bind(vec!["2026-01-10T20:00:00.000Z"])
+    .execute(&b.pool)
+    .await
+    .unwrap();
+    let lite: i64 = sqlx::query_scalar(version)
+        .bind([7u8; 32].as_slice())
+        .fetch_one(&b.lite.sqlite().read)
+        .await
+        .unwrap();
+    assert_eq!((lite, read(b.pool.clone()).await), (0, 0));
+    b.lite.close().await;
+}
+
 #[tokio::test]
 async fn lingering_rows_are_written_in_batches_and_flushed() {
     let b = both().await;

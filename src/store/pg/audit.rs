@@ -153,7 +153,7 @@ struct SchemaTrigger {
 /// (timing, events, columns, condition, function), its function's body and fire for the
 /// gateway: a guard dropped or disabled is named missing; one narrowed to a column, or
 /// given a condition calling another function, is named changed (s23 attack #2).
-const SCHEMA_TRIGGERS: [SchemaTrigger; 8] = [
+const SCHEMA_TRIGGERS: [SchemaTrigger; 9] = [
     SchemaTrigger::guard("audit_append_only", "audit_log", 1 | 2 | 8 | 16),
     SchemaTrigger::guard("audit_no_truncate", "audit_log", 2 | 32),
     SchemaTrigger::guard("ledger_append_only", "ledger", 1 | 2 | 8 | 16),
@@ -175,6 +175,14 @@ const SCHEMA_TRIGGERS: [SchemaTrigger; 8] = [
         func: "spend_months_follow",
         columns: &[],
         when: Some("current_setting('sluice.spend_months', true) IS DISTINCT FROM 'written'"),
+    },
+    SchemaTrigger {
+        name: "cache_entries_unversioned",
+        table: "cache_entries",
+        kind: 1 | 2 | 16,
+        func: "cache_entries_unversioned",
+        columns: &["id"],
+        when: None,
     },
 ];
 
