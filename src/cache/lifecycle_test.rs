@@ -364,3 +364,53 @@ async fn a_replicas_own_entries_stay_in_its_memory_at_its_refresh() {
         changed
     );
 }
+
+/// A row read from the table while a refresh drops its key from memory is served to the
+/// one lookup that read it, and not kept: put in memory after the refresh, the answer the
+/// table no longer holds was served until the next rebuild (s39 attack F3). The lookup's
+/// steps (`Cache::entry`) with the refresh between its read and its keep.
+#[tokio::test]
+async fn a_row_read_while_a_refresh_drops_its_key_is_not_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&dir.path().join("race.db"), false).await.unwrap();
+    let (a, b) = (cache(&db), cache(&db));
+    let now = Utc::now();
+    a.refresh(now).await.unwrap();
+    let held = plan(&b, "WVWZZZ1JZXW000031");
+    b.put(&held, &answer(), (12, 24), now).await;
+    b.flush().await;
+    a.refresh(now).await.unwrap();
+    let key = held.keys.exact;
+    let read = |c: &Arc<Cache>| {
+        let c = c.clone();
+        async move {
+            let drops = c.lru.lock().drops();
+            let e = c.read(&key, None, WireFormat::OpenAi, now).await;
+            (e.unwrap().expect("the row"), drops)
+        }
+    };
+
+    // Nothing dropped during the read: kept.
+    let (entry, drops) = read(&a).await;
+    a.keep(&entry, drops);
+    assert!(a.lru.lock().get(&key).is_some());
+    a.lru.lock().pop(&key);
+
+    let (entry, drops) = read(&a).await;
+    let mut changed = answer();
+    changed["choices"][0]["message"]["content"] = json!("Replace the EGR valve.");
+    b.put(&held, &changed, (12, 24), now).await;
+    b.flush().await;
+    a.refresh(now).await.unwrap();
+    a.keep(&entry, drops);
+    assert!(
+        a.lru.lock().get(&key).is_none(),
+        "the row read before the refresh is not kept"
+    );
+    let next = a.get(&held, now, far()).await.expect("found");
+    assert_eq!(
+        serde_json::from_slice::<Value>(&next.entry.answer).unwrap(),
+        changed,
+        "the next lookup reads the new row"
+    );
+}

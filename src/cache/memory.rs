@@ -34,6 +34,9 @@ pub(super) fn held(e: &Entry) -> usize {
 pub(super) struct Lru {
     entries: LruCache<Key, (Arc<Entry>, usize)>,
     bytes: usize,
+    /// Keys dropped so far (`pop`, `clear`): a row read from the table while one was
+    /// dropped may be the answer it dropped (`Cache::entry`).
+    drops: u64,
 }
 
 impl Lru {
@@ -42,6 +45,7 @@ impl Lru {
         Lru {
             entries: LruCache::new(cap),
             bytes: 0,
+            drops: 0,
         }
     }
 
@@ -74,13 +78,19 @@ impl Lru {
         self.entries.peek(key).map(|(e, _)| e)
     }
 
+    pub(super) fn drops(&self) -> u64 {
+        self.drops
+    }
+
     pub(super) fn pop(&mut self, key: &Key) {
+        self.drops += 1;
         if let Some((_, gone)) = self.entries.pop(key) {
             self.bytes -= gone;
         }
     }
 
     pub(super) fn clear(&mut self) {
+        self.drops += 1;
         self.entries.clear();
         self.bytes = 0;
     }
@@ -232,6 +242,7 @@ mod tests {
         let mut lru = Lru {
             entries: LruCache::new(cap),
             bytes: 0,
+            drops: 0,
         };
         // An entry holding about `bytes`: an answer of one string that long.
         let entry = |i: u8, bytes: usize| {

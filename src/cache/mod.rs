@@ -324,13 +324,31 @@ impl Cache {
         format: WireFormat,
         now: DateTime<Utc>,
     ) -> Result<Option<Arc<Entry>>, StoreError> {
-        let cached = self.lru.lock().get(key);
+        let (cached, drops) = {
+            let mut lru = self.lru.lock();
+            (lru.get(key), lru.drops())
+        };
         if let Some(e) = cached.filter(|e| e.expires_at > now) {
             return Ok(Some(e));
         }
         if !self.present.read().contains(&prefix(key)) {
             return Ok(None);
         }
+        let read = self.read(key, context, format, now).await?;
+        if let Some(entry) = &read {
+            self.keep(entry, drops);
+        }
+        Ok(read)
+    }
+
+    /// The live row of `key`, as an entry.
+    async fn read(
+        &self,
+        key: &Key,
+        context: Option<&Key>,
+        format: WireFormat,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Arc<Entry>>, StoreError> {
         let Some(row) = store::cache::get(&self.db, key, now).await? else {
             // Gone (another replica evicted or invalidated it) or expired: forgotten here
             // too, or its key and vector stayed in memory until the next rebuild (s28 late
@@ -345,7 +363,7 @@ impl Cache {
             Ok(a) if shape::whole(format, &a) => texts(&a).1,
             _ => return Ok(None),
         };
-        let entry = Arc::new(Entry {
+        Ok(Some(Arc::new(Entry {
             key: *key,
             answer,
             input_tokens: row.input_tokens,
@@ -354,10 +372,20 @@ impl Cache {
             expires_at: DateTime::parse_from_rfc3339(&row.expires_at)
                 .map(|t| t.with_timezone(&Utc))
                 .unwrap_or(now),
-        });
-        let bytes = memory::held(&entry);
-        self.lru.lock().put(*key, entry.clone(), bytes);
-        Ok(Some(entry))
+        })))
+    }
+
+    /// Keeps in memory an entry read from the table when nothing left memory since
+    /// `drops` (`memory::Lru::drops`, taken before the read): a refresh that dropped its
+    /// key meanwhile (stored again elsewhere), an eviction or an invalidation would have
+    /// been undone by the older row read, served then until the next rebuild (s39 attack
+    /// F3). Not kept, it is read again at its next use.
+    fn keep(&self, entry: &Arc<Entry>, drops: u64) {
+        let bytes = memory::held(entry);
+        let mut lru = self.lru.lock();
+        if lru.drops() == drops {
+            lru.put(entry.key, entry.clone(), bytes);
+        }
     }
 
     /// Exact, then semantic. Errors are logged and read as a miss: the cache never fails a
@@ -455,8 +483,10 @@ impl Cache {
             expires_at: expiry(now, plan.ttl),
             version,
         };
-        // Memory first, then the database: once the row is there, this replica finds it
-        // (a row that then fails to land only costs a database read on a later lookup).
+        // Memory first, then the database: once the row is there, this replica finds it.
+        // A row that then fails to land (a batch the writer gives up, a NUL PostgreSQL
+        // refuses) is this replica's alone, served from memory until it leaves the LRU or
+        // the next rebuild, while the table keeps what it had (s39 attack F4).
         let e = Arc::new(Entry {
             key: plan.keys.exact,
             answer: held,
