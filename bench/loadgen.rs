@@ -76,6 +76,10 @@ struct Args {
     /// Replace `{n}` in the body by a per-request counter
     #[arg(long)]
     unique: bool,
+    /// Start that counter here (default: from the clock): a run given another's base sends
+    /// the same bodies again, as repeated questions
+    #[arg(long)]
+    unique_base: Option<u64>,
     /// SSE stream mode
     #[arg(long)]
     stream: bool,
@@ -155,10 +159,12 @@ impl Target {
             parts,
             // Microseconds since the epoch, last 10 digits: unique across the runs of a
             // few hours, and short enough to keep the body small.
-            unique_base: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| (d.as_micros() % 10_000_000_000) as u64)
-                .unwrap_or(0),
+            unique_base: a.unique_base.unwrap_or_else(|| {
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| (d.as_micros() % 10_000_000_000) as u64)
+                    .unwrap_or(0)
+            }),
             timeout: Duration::from_secs_f64(a.timeout),
             min_body: a.min_body_bytes,
         })

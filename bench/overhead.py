@@ -25,6 +25,9 @@ Phases
             cache, all — cumulative) on a fresh gateway: added p50 / p99, gateway CPU per
             request (from /proc/PID/task/*/schedstat).
   delay     the same for plain and all with the mock delaying every answer 20 ms.
+  hits      one client, all: each round a fresh gateway stores 2 000 distinct answers,
+            then (2 s on, past its cache's 1 s refresh) is asked the same questions again:
+            the hits' p50 / p99 and CPU per request (every one checked counted as a hit).
   frontier  open loop, 64 connections: the highest rate at which the added p99 stays
             <= 1 ms (plain) / 2 ms (all) with no error and >= 97 % of the rate achieved
             (rates x1.25 from 1 000 rps, then one bisection); and the closed-loop maximum
@@ -69,7 +72,7 @@ DEFAULT_LOADGEN = REPO_ROOT / "target" / "release" / "examples" / "loadgen"
 UPSTREAM_KEY = "sk-upstream-canary-AAAA1111"
 MODEL = "gpt-4o-mini"
 LADDER = ["plain", "auth", "window", "quota", "log", "cache", "all"]
-PHASES = ["ladder", "delay", "frontier", "soak", "traces", "streams"]
+PHASES = ["ladder", "delay", "hits", "frontier", "soak", "traces", "streams"]
 
 # The mock's non-streamed answer: ~1.2 KB of text, so its JSON is ~1.4 KB.
 MOCK_TEXT = (
@@ -515,6 +518,13 @@ def interleaved(rig: Rig, step: str, rounds: int, extra: list[str], label: str) 
     return out
 
 
+def cache_hits(rig: Rig) -> int:
+    """Hits counted on the running gateway's cache entries (the counts linger as writes)."""
+    time.sleep(0.2)
+    with sqlite3.connect(f"file:{rig.db}?mode=ro", uri=True, timeout=5) as db:
+        return db.execute("SELECT coalesce(sum(hits), 0) FROM cache_entries").fetchone()[0]
+
+
 def cache_entries(rig: Rig) -> int:
     """Rows in the running gateway's response cache (its writes linger up to 25 ms)."""
     time.sleep(0.2)
@@ -547,6 +557,40 @@ def phase_delay(rig: Rig, p: dict, steps: list[str]) -> dict:
     finally:
         rig.sticky(None)
     return out
+
+
+def phase_hits(rig: Rig, p: dict) -> dict:
+    """Whole cache hits at one client, `all` step: each round the gateway (fresh) stores
+    `hits_requests` distinct answers, waits past its cache's refresh (1 s), and is asked the
+    same questions again — a repeated question answered from a replica's memory. Gateway
+    percentiles are the hits'; the direct side is the same questions to the mock."""
+    runs = []
+    n = p["hits_requests"]
+    for r in range(p["hits_rounds"]):
+        rig.gateway("all")
+        base = ["--connections", "1", "--requests", str(n),
+                "--unique-base", str(1_000_000_000 + r * 10 * n)]
+        rig.lg("gateway", base)
+        time.sleep(2.0)
+        sides = ("direct", "gateway") if r % 2 == 0 else ("gateway", "direct")
+        res = {side: rig.lg(side, base) for side in sides}
+        counted = cache_hits(rig)
+        if counted != n:
+            raise BenchError(f"hits: {counted} of {n} repeated questions counted as cache hits")
+        runs.append(res)
+        print(f"  hits: round {r + 1}/{p['hits_rounds']}", file=sys.stderr, flush=True)
+
+    def median(f):
+        return round(statistics.median(f(x) for x in runs), 3)
+
+    return {"requests_per_round": n, "rounds": len(runs),
+            "gateway_p50_ms": median(lambda x: ms(x["gateway"]["p50_us"])),
+            "gateway_p99_ms": median(lambda x: ms(x["gateway"]["p99_us"])),
+            "direct_p50_ms": median(lambda x: ms(x["direct"]["p50_us"])),
+            "direct_p99_ms": median(lambda x: ms(x["direct"]["p99_us"])),
+            "gw_cpu_us_per_req": median(lambda x: x["gateway"]["gw_cpu_us_per_req"]),
+            "errors": sum(x["gateway"]["errors"] + x["direct"]["errors"] for x in runs),
+            "runs": runs}
 
 
 def rate_point(rig: Rig, rate: float, p: dict, first: str) -> dict:
@@ -845,6 +889,16 @@ def print_report(res: dict) -> None:
             print(f"{step:<8} {fmt(d.get('p50_ms')):>10} {fmt(g.get('p50_ms')):>8} {fmt(r['added_p50_ms']):>7} "
                   f"{fmt(d.get('p99_ms')):>10} {fmt(g.get('p99_ms')):>8} {fmt(r['added_p99_ms']):>7} "
                   f"{fmt(r['gw_cpu_us_per_req']):>11} {d['errors'] + g['errors']:>7}")
+    hits = res.get("phases", {}).get("hits")
+    if hits:
+        print("\nCache hits, `all`, 1 client: the same questions a second after they were stored "
+              "(median over rounds; ms)")
+        if "skipped" in hits:
+            print(f"skipped: {hits['skipped']}")
+        else:
+            print(f"gateway (hits) p50 {fmt(hits['gateway_p50_ms'])} p99 {fmt(hits['gateway_p99_ms'])}; "
+                  f"direct (the mock) p50 {fmt(hits['direct_p50_ms'])} p99 {fmt(hits['direct_p99_ms'])}; "
+                  f"gw CPU {fmt(hits['gw_cpu_us_per_req'])} µs/r; errors {hits['errors']}")
     tr = res.get("phases", {}).get("traces")
     if tr:
         print("\nTraces, `all`, 1 client, mock delay 0 (median over rounds; ms)")
@@ -885,12 +939,12 @@ def print_report(res: dict) -> None:
 def params(args) -> dict:
     if args.quick:
         p = dict(ladder_rounds=2, ladder_requests=300, ladder_warmup=50,
-                 delay_rounds=2, delay_requests=25, delay_warmup=5,
+                 delay_rounds=2, delay_requests=25, delay_warmup=5, hits_rounds=1, hits_requests=300,
                  rate_seconds=1.0, frontier_start=1000.0, frontier_factor=1.6, frontier_max=50000.0,
                  closed_rounds=1, closed_seconds=1.0, soak_seconds=5, streams=200, ramp_ms=500)
     else:
         p = dict(ladder_rounds=6, ladder_requests=2000, ladder_warmup=200,
-                 delay_rounds=4, delay_requests=100, delay_warmup=10,
+                 delay_rounds=4, delay_requests=100, delay_warmup=10, hits_rounds=4, hits_requests=2000,
                  rate_seconds=3.0, frontier_start=1000.0, frontier_factor=1.25, frontier_max=50000.0,
                  closed_rounds=2, closed_seconds=3.0, soak_seconds=60, streams=1000, ramp_ms=2000)
     for k in ("soak_seconds", "streams", "ramp_ms", "ladder_rounds", "ladder_requests", "rate_seconds"):
@@ -983,6 +1037,12 @@ def main() -> int:
             ph["ladder"] = phase_ladder(rig, p, steps)
         if "delay" in phases:
             ph["delay"] = phase_delay(rig, p, ["plain", "all"])
+        if "hits" in phases:
+            try:
+                ph["hits"] = phase_hits(rig, p)
+            except BenchError as e:
+                print(f"  hits: {e}", file=sys.stderr)
+                ph["hits"] = {"skipped": str(e)}
         if "frontier" in phases:
             ph["frontier"] = phase_frontier(rig, p, ["plain", "all"])
         if "soak" in phases:
