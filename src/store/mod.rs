@@ -357,8 +357,9 @@ impl Db {
             // 250 ms off the write path (see `writer::checkpointer`).
             .pragma("wal_autocheckpoint", "10000")
             .pragma("cache_size", "-16000");
-        // No ping before each acquire: the connection is in-process (a dead worker thread
-        // fails the next statement anyway), and the ping is a round trip to its thread.
+        // No ping before each acquire, on either pool: the connection is in-process (a
+        // dead worker thread fails the next statement anyway), and the ping is a round trip
+        // to its thread — before every read too, a cache hit's budget read among them.
         let write = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
@@ -381,6 +382,7 @@ impl Db {
         let read = SqlitePoolOptions::new()
             .max_connections(4)
             .min_connections(1)
+            .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(30))
             .idle_timeout(None)
             .max_lifetime(None)

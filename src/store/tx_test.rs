@@ -105,3 +105,18 @@ async fn begin_holds_the_write_lock_until_the_tx_ends_and_readers_never_wait() {
     let names = team_names(&db).await;
     assert!(names.contains(&"first".to_string()) && names.contains(&"second".to_string()));
 }
+
+/// Neither SQLite pool pings its connection before each use: the connection is in-process
+/// (a dead worker thread fails the next statement anyway), and the ping was a round trip to
+/// its thread before every read — a cache hit's budget read paid two hops for one (s39).
+#[tokio::test]
+async fn no_sqlite_pool_pings_before_each_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&dir.path().join("ping.db"), false).await.unwrap();
+    let pools = db.sqlite();
+    assert!(!pools.write.options().get_test_before_acquire());
+    assert!(
+        !pools.read.options().get_test_before_acquire(),
+        "the read pool pings"
+    );
+}
