@@ -128,8 +128,8 @@ pub struct Cache {
     db: store::Db,
     /// New entries, written in lingering batches through the group-commit writer.
     stored: Lingering<store::cache::NewEntry>,
-    /// Hit counts go through the writer too.
-    writer: Writer,
+    /// Hits to count, in lingering batches too.
+    hits: Lingering<Key>,
     lru: Mutex<Lru>,
     /// Context key → (entry key, embedding of its last user message).
     index: RwLock<Index>,
@@ -226,7 +226,7 @@ impl Cache {
             embedder,
             db,
             stored: Lingering::start(writer.clone(), "cache entries", store::cache::PUT_BATCH),
-            writer,
+            hits: Lingering::start(writer, "cache hits", store::cache::HIT_BATCH),
             lru: Mutex::new(Lru::new()),
             index: RwLock::new(Index::default()),
             present: RwLock::new(HashSet::new()),
@@ -508,10 +508,11 @@ impl Cache {
         }
     }
 
+    /// Counts a hit of `key`, in the next batch of counts (queued at once: a caller that
+    /// goes away does not take it with it).
     pub async fn record_hit(&self, key: &Key) {
-        let counted = store::cache::count_hit(&self.writer, key.to_vec()).await;
-        if let Err(e) = counted {
-            tracing::debug!(error = %e, "cache hit count failed");
+        if !self.hits.push(*key).await {
+            tracing::debug!("cache writer is gone; hit not counted");
         }
     }
 
@@ -581,6 +582,7 @@ impl Cache {
     /// Waits until every entry stored before this call is in the database.
     pub async fn flush(&self) {
         self.stored.flush().await;
+        self.hits.flush().await;
     }
 
     /// Rebuilds the in-memory indexes (keys present, semantic candidates) from the

@@ -363,8 +363,7 @@ async fn run(
                 }
                 span.set("sluice.cache", "hit");
                 drop(span);
-                let (cache, key) = (state.cache.clone(), hit.entry.key);
-                tokio::spawn(async move { cache.record_hit(&key).await });
+                state.cache.record_hit(&hit.entry.key).await;
                 let resp = cached::answer(state, &prepared, &hit, body, log, &auth).await;
                 return Ok(Reply::Done(resp));
             }

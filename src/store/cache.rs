@@ -320,22 +320,46 @@ pub async fn epoch(db: &super::Db) -> Result<i64> {
 
 /// Counts a hit of the entry `key` through the writer: a job of the SQLite writer's next
 /// batch, or (PostgreSQL) one statement on the pool — it locks no budget row.
-pub async fn count_hit(writer: &super::writer::Writer, key: Vec<u8>) -> Result<()> {
-    match writer.engine() {
-        super::writer::Engine::Postgres(_, pool) => {
-            super::pg::cache::count_hit_tx(&mut *pool.acquire().await?, &key).await
-        }
-        super::writer::Engine::Sqlite(_) => writer.run(move |tx| count_hit_tx(tx, &key)).await,
-    }
+/// How hits are counted, in batches (`store::lingering`): a count is statistics nothing on
+/// the request path reads, and a write of its own per hit was a commit per hit at one
+/// client (s39).
+pub const HIT_BATCH: super::lingering::BatchWrite<[u8; 32]> = super::lingering::BatchWrite {
+    sqlite: count_hits_tx,
+    pg: pg_count_hits,
+};
+
+fn pg_count_hits<'c>(
+    conn: &'c mut sqlx::PgConnection,
+    keys: &'c [[u8; 32]],
+) -> futures_util::future::BoxFuture<'c, Result<()>> {
+    Box::pin(super::pg::cache::count_hits_tx(conn, keys))
 }
 
-/// Counts a hit inside a write batch (see `put_tx`).
-pub fn count_hit_tx(tx: &mut Tx<'_>, key: &[u8]) -> Result<()> {
-    tx.execute(
-        "UPDATE cache_entries SET hits = hits + 1 WHERE key = ?",
-        &[key.into()],
-    )?;
+/// Counts the hits of `keys` (a key once per hit) inside a write batch: one statement per
+/// key.
+pub fn count_hits_tx(tx: &mut Tx<'_>, keys: &[[u8; 32]]) -> Result<()> {
+    for (key, n) in tally(keys) {
+        tx.execute(
+            "UPDATE cache_entries SET hits = hits + ? WHERE key = ?",
+            &[n.into(), key.as_slice().into()],
+        )?;
+    }
     Ok(())
+}
+
+/// Each key of `keys` once with how many times it is there, in key order (on PostgreSQL
+/// the batches of two hosts then lock their rows in one order).
+pub(super) fn tally(keys: &[[u8; 32]]) -> Vec<([u8; 32], i64)> {
+    let mut sorted = keys.to_vec();
+    sorted.sort_unstable();
+    let mut out: Vec<([u8; 32], i64)> = Vec::new();
+    for k in sorted {
+        match out.last_mut() {
+            Some((last, n)) if *last == k => *n += 1,
+            _ => out.push((k, 1)),
+        }
+    }
+    out
 }
 
 /// The tightest remaining budget of a token, its user and its team, as a cache hit reports

@@ -1204,3 +1204,43 @@ async fn a_row_without_a_version_always_replaces_the_entry_held() {
         "the older replica's new answer, not the one held"
     );
 }
+
+/// Hits are counted in batches, not in a write of their own each: at one client every hit
+/// waited for a commit of its own, for a count nothing on the request path reads (s39: the
+/// writer's share of a hit's profile). Every hit is still counted.
+#[tokio::test]
+async fn hits_are_counted_in_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = sluice::store::Db::open(&dir.path().join("hits.db"), false)
+        .await
+        .unwrap();
+    let writer = sluice::store::writer::Writer::start(&db);
+    let cache = sluice::cache::Cache::new(
+        &sluice::config::CacheSettings::default(),
+        &sluice::config::UpstreamTimeouts::default(),
+        db.clone(),
+        writer.clone(),
+    )
+    .unwrap();
+    let now = chrono::Utc::now();
+    cache.refresh(now).await.unwrap();
+    let body = question("WVWZZZ1JZXW000045");
+    let plan = plan_of(&cache, &body, None);
+    let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
+        "message": {"role": "assistant", "content": "Check the EGR valve."}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 24, "total_tokens": 36}});
+    cache.put(&plan, &answer, (12, 24), now).await;
+    cache.flush().await;
+    let before = writer.stats().jobs;
+    for _ in 0..40 {
+        cache.record_hit(&plan.keys.exact).await;
+    }
+    cache.flush().await;
+    let jobs = writer.stats().jobs - before;
+    assert!(jobs <= 2, "{jobs} write jobs for 40 hits");
+    let hits: i64 = sqlx::query_scalar("SELECT hits FROM cache_entries")
+        .fetch_one(&db.sqlite().read)
+        .await
+        .unwrap();
+    assert_eq!(hits, 40);
+}

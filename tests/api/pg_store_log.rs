@@ -204,13 +204,16 @@ async fn cache_batches_replace_and_tags_match_as_on_sqlite() {
     // INSERT OR REPLACE deletes and re-inserts).
     let seen = p.last().unwrap().id;
     writer::once(&b.lite.sqlite().write, |tx| {
-        sluice::store::cache::count_hit_tx(tx, &[2; 32])
+        sluice::store::cache::count_hits_tx(tx, &[[2; 32], [3; 32], [2; 32]])
     })
     .await
     .unwrap();
-    pg::cache::count_hit_tx(&mut b.pool.acquire().await.unwrap(), &[2; 32])
-        .await
-        .unwrap();
+    pg::cache::count_hits_tx(
+        &mut b.pool.acquire().await.unwrap(),
+        &[[2; 32], [3; 32], [2; 32]],
+    )
+    .await
+    .unwrap();
     let hits = "SELECT hits FROM cache_entries WHERE key = $1";
     let lite_hits: i64 = sqlx::query_scalar(hits)
         .bind([2u8; 32].as_slice())
@@ -222,7 +225,11 @@ async fn cache_batches_replace_and_tags_match_as_on_sqlite() {
         .fetch_one(&b.pool)
         .await
         .unwrap();
-    assert_eq!((lite_hits, pg_hits), (1, 1));
+    assert_eq!(
+        (lite_hits, pg_hits),
+        (2, 2),
+        "a key twice in a batch: two hits"
+    );
     put(vec![new_entry(2, ",b,", "two again", 9)]).await;
     let after = pg::cache::keys_after(&b.pool, seen, now).await.unwrap();
     assert_eq!(
@@ -329,7 +336,7 @@ async fn an_older_replicas_store_leaves_its_row_unversioned() {
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    pg::cache::count_hit_tx(&mut b.pool.acquire().await.unwrap(), &[7; 32])
+    pg::cache::count_hits_tx(&mut b.pool.acquire().await.unwrap(), &[[7; 32]])
         .await
         .unwrap();
     let version = "SELECT version FROM cache_entries WHERE key = $1";

@@ -210,12 +210,23 @@ pub async fn epoch(pool: &PgPool) -> Result<i64> {
     )
 }
 
-/// Counts a hit inside the caller's transaction.
-pub async fn count_hit_tx(conn: &mut PgConnection, key: &[u8]) -> Result<()> {
-    sqlx::query("UPDATE cache_entries SET hits = hits + 1 WHERE key = $1")
-        .bind(key)
-        .execute(conn)
-        .await?;
+/// Counts the hits of `keys` (a key once per hit) inside the caller's transaction, in one
+/// statement. The rows are updated in key order (`tally`), so two hosts' batches do not
+/// wait on each other's rows in a circle.
+pub async fn count_hits_tx(conn: &mut PgConnection, keys: &[[u8; 32]]) -> Result<()> {
+    let (keys, counts): (Vec<Vec<u8>>, Vec<i64>) = crate::store::cache::tally(keys)
+        .into_iter()
+        .map(|(k, n)| (k.to_vec(), n))
+        .unzip();
+    sqlx::query(
+        "UPDATE cache_entries AS c SET hits = c.hits + v.n
+         FROM (SELECT * FROM unnest($1::bytea[], $2::bigint[]) AS v(key, n) ORDER BY key) AS v
+         WHERE c.key = v.key",
+    )
+    .bind(keys)
+    .bind(counts)
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
