@@ -324,9 +324,9 @@ impl Cache {
         format: WireFormat,
         now: DateTime<Utc>,
     ) -> Result<Option<Arc<Entry>>, StoreError> {
-        let (cached, drops) = {
+        let (cached, changes) = {
             let mut lru = self.lru.lock();
-            (lru.get(key), lru.drops())
+            (lru.get(key), lru.changes())
         };
         if let Some(e) = cached.filter(|e| e.expires_at > now) {
             return Ok(Some(e));
@@ -336,7 +336,7 @@ impl Cache {
         }
         let read = self.read(key, context, format, now).await?;
         if let Some(entry) = &read {
-            self.keep(entry, drops);
+            self.keep(entry, changes);
         }
         Ok(read)
     }
@@ -375,15 +375,16 @@ impl Cache {
         })))
     }
 
-    /// Keeps in memory an entry read from the table when nothing left memory since
-    /// `drops` (`memory::Lru::drops`, taken before the read): a refresh that dropped its
+    /// Keeps in memory an entry read from the table when memory did not change since
+    /// `changes` (`memory::Lru::changes`, taken before the read): a refresh that dropped its
     /// key meanwhile (stored again elsewhere), an eviction or an invalidation would have
     /// been undone by the older row read, served then until the next rebuild (s39 attack
-    /// F3). Not kept, it is read again at its next use.
-    fn keep(&self, entry: &Arc<Entry>, drops: u64) {
+    /// F3), and a store of its key here meanwhile replaced by it (H6). Any change counts,
+    /// of any key: such a read is served once and read again at its next use.
+    fn keep(&self, entry: &Arc<Entry>, changes: u64) {
         let bytes = memory::held(entry);
         let mut lru = self.lru.lock();
-        if lru.drops() == drops {
+        if lru.changes() == changes {
             lru.put(entry.key, entry.clone(), bytes);
         }
     }
@@ -508,11 +509,12 @@ impl Cache {
         }
     }
 
-    /// Counts a hit of `key`, in the next batch of counts (queued at once: a caller that
-    /// goes away does not take it with it).
-    pub async fn record_hit(&self, key: &Key) {
-        if !self.hits.push(*key).await {
-            tracing::debug!("cache writer is gone; hit not counted");
+    /// Counts a hit of `key`, in the next batch of counts: queued at once or not at all
+    /// (10 000 behind, or the writer gone) — a count is statistics, and a hit must not wait
+    /// on the database (s39 attack H1).
+    pub fn record_hit(&self, key: &Key) {
+        if !self.hits.offer(*key) {
+            tracing::debug!("cache hit counts are behind; hit not counted");
         }
     }
 

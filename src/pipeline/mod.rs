@@ -363,7 +363,7 @@ async fn run(
                 }
                 span.set("sluice.cache", "hit");
                 drop(span);
-                state.cache.record_hit(&hit.entry.key).await;
+                state.cache.record_hit(&hit.entry.key);
                 let resp = cached::answer(state, &prepared, &hit, body, log, &auth).await;
                 return Ok(Reply::Done(resp));
             }

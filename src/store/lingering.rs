@@ -77,6 +77,13 @@ impl<T: Send + Sync + 'static> Lingering<T> {
         self.queue.push(item).await
     }
 
+    /// Queues an item if there is room, never waiting: for rows that may be lost (a cache
+    /// hit's count), whose caller must not wait on the database (s39 attack H1: a hit
+    /// waited once 10 000 counts were queued behind a database that did not answer).
+    pub fn offer(&self, item: T) -> bool {
+        self.queue.tx.try_send(Msg::Item(item)).is_ok()
+    }
+
     /// Waits until every item queued before this call is written.
     pub async fn flush(&self) {
         self.queue.flush().await
@@ -285,6 +292,28 @@ mod tests {
         q.flush().await;
         assert_eq!(*written.lock().unwrap(), vec![(0..=50).collect::<Vec<_>>()]);
         drop(q);
+        rt.shutdown_background();
+    }
+
+    /// An offer never waits: with the queue full behind a write that does not end, it is
+    /// refused at once.
+    #[tokio::test]
+    async fn an_offer_to_a_full_queue_is_refused_without_waiting() {
+        let rt = one_worker();
+        let q = {
+            let _in = rt.enter();
+            Queue::start_lingering(Duration::from_millis(1), |_: Arc<[u32]>| {
+                std::future::pending::<()>()
+            })
+        };
+        let l = Lingering { queue: q };
+        let offered = (0..(QUEUE + BATCH + 10) as u32)
+            .take_while(|&i| l.offer(i))
+            .count();
+        assert!(offered >= QUEUE, "{offered} offers taken");
+        assert!(offered <= QUEUE + BATCH, "{offered} offers taken");
+        assert!(!l.offer(0));
+        drop(l);
         rt.shutdown_background();
     }
 

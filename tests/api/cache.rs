@@ -1233,7 +1233,7 @@ async fn hits_are_counted_in_batches() {
     cache.flush().await;
     let before = writer.stats().jobs;
     for _ in 0..40 {
-        cache.record_hit(&plan.keys.exact).await;
+        cache.record_hit(&plan.keys.exact);
     }
     cache.flush().await;
     let jobs = writer.stats().jobs - before;
