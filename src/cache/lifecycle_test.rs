@@ -384,25 +384,25 @@ async fn a_row_read_while_a_refresh_drops_its_key_is_not_kept() {
     let read = |c: &Arc<Cache>| {
         let c = c.clone();
         async move {
-            let drops = c.lru.lock().drops();
+            let changes = c.lru.lock().changes();
             let e = c.read(&key, None, WireFormat::OpenAi, now).await;
-            (e.unwrap().expect("the row"), drops)
+            (e.unwrap().expect("the row"), changes)
         }
     };
 
     // Nothing dropped during the read: kept.
-    let (entry, drops) = read(&a).await;
-    a.keep(&entry, drops);
+    let (entry, changes) = read(&a).await;
+    a.keep(&entry, changes);
     assert!(a.lru.lock().get(&key).is_some());
     a.lru.lock().pop(&key);
 
-    let (entry, drops) = read(&a).await;
+    let (entry, changes) = read(&a).await;
     let mut changed = answer();
     changed["choices"][0]["message"]["content"] = json!("Replace the EGR valve.");
     b.put(&held, &changed, (12, 24), now).await;
     b.flush().await;
     a.refresh(now).await.unwrap();
-    a.keep(&entry, drops);
+    a.keep(&entry, changes);
     assert!(
         a.lru.lock().get(&key).is_none(),
         "the row read before the refresh is not kept"
@@ -412,5 +412,19 @@ async fn a_row_read_while_a_refresh_drops_its_key_is_not_kept() {
         serde_json::from_slice::<Value>(&next.entry.answer).unwrap(),
         changed,
         "the next lookup reads the new row"
+    );
+
+    // Stored again here during a read: the older row read does not replace it (H6).
+    a.lru.lock().pop(&key);
+    let (entry, changes) = read(&a).await;
+    let mut third = answer();
+    third["choices"][0]["message"]["content"] = json!("Check the MAF sensor.");
+    a.put(&held, &third, (12, 24), now).await;
+    a.keep(&entry, changes);
+    let held_now = a.lru.lock().get(&key).expect("held");
+    assert_eq!(
+        serde_json::from_slice::<Value>(&held_now.answer).unwrap(),
+        third,
+        "the store made during the read stays"
     );
 }

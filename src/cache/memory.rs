@@ -34,9 +34,9 @@ pub(super) fn held(e: &Entry) -> usize {
 pub(super) struct Lru {
     entries: LruCache<Key, (Arc<Entry>, usize)>,
     bytes: usize,
-    /// Keys dropped so far (`pop`, `clear`): a row read from the table while one was
-    /// dropped may be the answer it dropped (`Cache::entry`).
-    drops: u64,
+    /// Changes so far (`put`, `pop`, `clear`): a row read from the table while memory
+    /// changed may be older than what changed it (`Cache::keep`).
+    changes: u64,
 }
 
 impl Lru {
@@ -45,7 +45,7 @@ impl Lru {
         Lru {
             entries: LruCache::new(cap),
             bytes: 0,
-            drops: 0,
+            changes: 0,
         }
     }
 
@@ -57,6 +57,7 @@ impl Lru {
     /// walk of a large answer must not hold up every lookup); one larger than the whole
     /// budget is not kept (it is read from the database when asked for).
     pub(super) fn put(&mut self, key: Key, entry: Arc<Entry>, bytes: usize) {
+        self.changes += 1;
         if bytes > LRU_BYTES {
             self.pop(&key);
             return;
@@ -78,19 +79,19 @@ impl Lru {
         self.entries.peek(key).map(|(e, _)| e)
     }
 
-    pub(super) fn drops(&self) -> u64 {
-        self.drops
+    pub(super) fn changes(&self) -> u64 {
+        self.changes
     }
 
     pub(super) fn pop(&mut self, key: &Key) {
-        self.drops += 1;
+        self.changes += 1;
         if let Some((_, gone)) = self.entries.pop(key) {
             self.bytes -= gone;
         }
     }
 
     pub(super) fn clear(&mut self) {
-        self.drops += 1;
+        self.changes += 1;
         self.entries.clear();
         self.bytes = 0;
     }
@@ -242,7 +243,7 @@ mod tests {
         let mut lru = Lru {
             entries: LruCache::new(cap),
             bytes: 0,
-            drops: 0,
+            changes: 0,
         };
         // An entry holding about `bytes`: an answer of one string that long.
         let entry = |i: u8, bytes: usize| {

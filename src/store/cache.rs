@@ -347,8 +347,7 @@ pub fn count_hits_tx(tx: &mut Tx<'_>, keys: &[[u8; 32]]) -> Result<()> {
     Ok(())
 }
 
-/// Each key of `keys` once with how many times it is there, in key order (on PostgreSQL
-/// the batches of two hosts then lock their rows in one order).
+/// Each key of `keys` once with how many times it is there (in key order).
 pub(super) fn tally(keys: &[[u8; 32]]) -> Vec<([u8; 32], i64)> {
     let mut sorted = keys.to_vec();
     sorted.sort_unstable();

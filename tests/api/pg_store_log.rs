@@ -391,6 +391,46 @@ async fn an_older_replicas_store_leaves_its_row_unversioned() {
     b.lite.close().await;
 }
 
+/// The statements that write many cache rows take one lock, one at a time: each locks its
+/// rows in an order of its own (entry batches by arrival, hit counts by the join, deletions
+/// by the scan), and two at once could wait for each other's rows — a deadlock failing one,
+/// an admin's tag invalidation among them (s39 attack H2). A tag deletion waits for a hit
+/// batch still open, though they share no row.
+#[tokio::test]
+async fn cache_writes_of_many_rows_wait_for_each_other() {
+    let b = both().await;
+    let mut tx = b.pool.begin().await.unwrap();
+    pg::cache::put_batch_tx(
+        &mut tx,
+        &[
+            new_entry(1, ",one,", "one", 0),
+            new_entry(2, ",two,", "two", 1),
+        ],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let mut hits = b.pool.begin().await.unwrap();
+    pg::cache::count_hits_tx(&mut hits, &[[1; 32]])
+        .await
+        .unwrap();
+    let pool = b.pool.clone();
+    let delete = tokio::spawn(async move { pg::cache::delete_tag(&pool, "two").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !delete.is_finished(),
+        "the deletion ran beside the hit batch"
+    );
+    hits.commit().await.unwrap();
+    let deleted = tokio::time::timeout(Duration::from_secs(10), delete)
+        .await
+        .expect("the deletion goes on once the batch committed")
+        .unwrap()
+        .unwrap();
+    assert_eq!(deleted, [vec![2u8; 32]]);
+    b.lite.close().await;
+}
+
 #[tokio::test]
 async fn lingering_rows_are_written_in_batches_and_flushed() {
     let b = both().await;

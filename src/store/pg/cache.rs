@@ -10,6 +10,11 @@
 //!   writing, a smaller id could commit after a larger one was already read past. Every
 //!   batch takes a transaction-scoped advisory lock (`CACHE_LOCK`) before it draws ids, so
 //!   batches commit one after another in id order.
+//! - Every statement that writes many rows takes `CACHE_LOCK` too (`lock_writes`): entry
+//!   batches lock rows in the order they arrive, hit counts in the join's, deletions in the
+//!   scan's, so two of them running at once could each wait for a row the other holds —
+//!   a deadlock, one of them failed (an admin's tag invalidation among them). One at a time,
+//!   they never wait in a circle (s39 attack H2, H3).
 //! - Tags are matched with `strpos`, exact and case-sensitive like SQLite's `instr`.
 
 use chrono::{DateTime, Utc};
@@ -24,6 +29,15 @@ use crate::store::Result;
 
 /// The advisory lock cache writers take (an arbitrary constant: "sluice cache").
 const CACHE_LOCK: i64 = 0x736c_7569_6365_0a02;
+
+/// Takes `CACHE_LOCK` for the rest of the caller's transaction.
+async fn lock_writes(conn: &mut PgConnection) -> Result<()> {
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(CACHE_LOCK)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
 
 /// The advisory lock the eviction past the cap takes, one host at a time (another constant).
 const EVICT_LOCK: i64 = 0x736c_7569_6365_0a03;
@@ -67,10 +81,7 @@ pub async fn put_batch_tx(conn: &mut PgConnection, entries: &[NewEntry]) -> Resu
     if last.is_empty() {
         return Ok(());
     }
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(CACHE_LOCK)
-        .execute(&mut *conn)
-        .await?;
+    lock_writes(conn).await?;
     let text = |f: fn(&NewEntry) -> String| last.iter().map(|e| f(e)).collect::<Vec<String>>();
     sqlx::query(PUT)
         .bind(last.iter().map(|e| e.key.to_vec()).collect::<Vec<_>>())
@@ -139,6 +150,7 @@ pub async fn delete_tag_in(conn: &mut PgConnection, tag: &str) -> Result<Vec<Vec
         return Ok(Vec::new());
     }
     let needle = format!(",{tag},");
+    lock_writes(conn).await?;
     let keys: Vec<Vec<u8>> =
         sqlx::query_scalar("DELETE FROM cache_entries WHERE strpos(tags, $1) > 0 RETURNING key")
             .bind(needle)
@@ -155,14 +167,18 @@ pub async fn delete_tag_in(conn: &mut PgConnection, tag: &str) -> Result<Vec<Vec
 /// ahead deleted every entry with less than its lead left, every host's, each minute
 /// (s31 cache attack F3).
 pub async fn evict_expired(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<Vec<u8>>> {
-    Ok(sqlx::query_scalar(concat!(
+    let mut tx = pool.begin().await?;
+    lock_writes(&mut tx).await?;
+    let keys = sqlx::query_scalar(concat!(
         "DELETE FROM cache_entries WHERE expires_at <= LEAST($1, ",
         db_now!(),
         ") RETURNING key"
     ))
     .bind(db_time(now))
-    .fetch_all(pool)
-    .await?)
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(keys)
 }
 
 /// Deletes the entries past `max_entries` (`store::cache::past_cap`); returns their keys.
@@ -189,6 +205,7 @@ pub async fn evict_over_cap(
     if count <= cap {
         return Ok(Vec::new());
     }
+    lock_writes(&mut tx).await?;
     let past = crate::store::cache::past_cap("$1", "$2");
     // One statement: the surplus is the one it sees, whatever another host did before.
     let keys = sqlx::query_scalar(&format!(
@@ -211,17 +228,16 @@ pub async fn epoch(pool: &PgPool) -> Result<i64> {
 }
 
 /// Counts the hits of `keys` (a key once per hit) inside the caller's transaction, in one
-/// statement. The rows are updated in key order (`tally`), so two hosts' batches do not
-/// wait on each other's rows in a circle.
+/// statement, one write of many rows at a time (`lock_writes`).
 pub async fn count_hits_tx(conn: &mut PgConnection, keys: &[[u8; 32]]) -> Result<()> {
     let (keys, counts): (Vec<Vec<u8>>, Vec<i64>) = crate::store::cache::tally(keys)
         .into_iter()
         .map(|(k, n)| (k.to_vec(), n))
         .unzip();
+    lock_writes(conn).await?;
     sqlx::query(
         "UPDATE cache_entries AS c SET hits = c.hits + v.n
-         FROM (SELECT * FROM unnest($1::bytea[], $2::bigint[]) AS v(key, n) ORDER BY key) AS v
-         WHERE c.key = v.key",
+         FROM unnest($1::bytea[], $2::bigint[]) AS v(key, n) WHERE c.key = v.key",
     )
     .bind(keys)
     .bind(counts)
