@@ -502,6 +502,13 @@ async fn suite_db(dir: &tempfile::TempDir) -> sluice::store::Db {
 }
 
 /// A cache of default settings over `db` with a writer of its own, as each replica has.
+/// A whole chat completion, as the cache's direct tests store it.
+fn egr_answer() -> Value {
+    json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
+        "message": {"role": "assistant", "content": "Check the EGR valve."}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 24, "total_tokens": 36}})
+}
+
 pub(crate) fn cache_on(db: &sluice::store::Db) -> std::sync::Arc<sluice::cache::Cache> {
     sluice::cache::Cache::new(
         &sluice::config::CacheSettings::default(),
@@ -545,9 +552,7 @@ async fn a_rebuild_reads_every_page_of_entries() {
         .unwrap();
     let (a, b) = (cache_on(&db), cache_on(&db));
     let now = chrono::Utc::now();
-    let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
-        "message": {"role": "assistant", "content": "Check the EGR valve."}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 12, "completion_tokens": 24, "total_tokens": 36}});
+    let answer = egr_answer();
     let vin = |i: usize| format!("WVWZZZ1JZXW{i:06}");
     for i in 0..1_050 {
         a.put(
@@ -658,9 +663,7 @@ async fn entries_another_embedding_model_embedded_are_no_semantic_candidates() {
         .unwrap()
     };
     let now = chrono::Utc::now();
-    let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
-        "message": {"role": "assistant", "content": "Check the EGR valve."}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 12, "completion_tokens": 24, "total_tokens": 36}});
+    let answer = egr_answer();
     // As `the_http_embedder_works_against_an_embeddings_endpoint`: the mock embeds the two
     // texts near-identically.
     let report = "Workshop report for the blue estate car: intermittent misfire on cylinder 3 at idle after a cold start, fuel trims normal, no stored codes, spark plugs replaced last month. What should we check first?";
@@ -716,9 +719,7 @@ async fn entries_another_replica_stored_are_found_after_its_next_refresh() {
     b.refresh(now).await.unwrap();
     let body = question("WVWZZZ1JZXW000042");
     let plan = |c: &Cache| plan_of(c, &body, None);
-    let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
-        "message": {"role": "assistant", "content": "Check the EGR valve."}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 12, "completion_tokens": 24, "total_tokens": 36}});
+    let answer = egr_answer();
     a.put(&plan(&a), &answer, (12, 24), now).await;
     assert!(
         a.get(&plan(&a), now, no_deadline()).await.is_some(),
@@ -1060,9 +1061,7 @@ async fn hosts_evicting_at_once_leave_the_cap() {
         );
     }
     let now = chrono::Utc::now();
-    let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
-        "message": {"role": "assistant", "content": "Check the EGR valve."}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 12, "completion_tokens": 24, "total_tokens": 36}});
+    let answer = egr_answer();
     for round in 0..3 {
         for i in 0..30 {
             let vin = format!("WVWZZZ1JZXW{:06}", round * 100 + i);
@@ -1136,9 +1135,7 @@ async fn a_row_read_back_is_served_as_it_was_checked() {
     let (a, b) = (cache_on(&db), cache_on(&db));
     let now = chrono::Utc::now();
     let body = question("WVWZZZ1JZXW000043");
-    let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
-        "message": {"role": "assistant", "content": "Check the EGR valve."}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 12, "completion_tokens": 24, "total_tokens": 36}});
+    let answer = egr_answer();
     a.put(&plan_of(&a, &body, None), &answer, (12, 24), now)
         .await;
     a.flush().await;
@@ -1174,9 +1171,7 @@ async fn a_row_without_a_version_always_replaces_the_entry_held() {
     a.refresh(now).await.unwrap();
     b.refresh(now).await.unwrap();
     let body = question("WVWZZZ1JZXW000044");
-    let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
-        "message": {"role": "assistant", "content": "Check the EGR valve."}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 12, "completion_tokens": 24, "total_tokens": 36}});
+    let answer = egr_answer();
     a.put(&plan_of(&a, &body, None), &answer, (12, 24), now)
         .await;
     a.flush().await;
@@ -1226,9 +1221,7 @@ async fn hits_are_counted_in_batches() {
     cache.refresh(now).await.unwrap();
     let body = question("WVWZZZ1JZXW000045");
     let plan = plan_of(&cache, &body, None);
-    let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
-        "message": {"role": "assistant", "content": "Check the EGR valve."}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 12, "completion_tokens": 24, "total_tokens": 36}});
+    let answer = egr_answer();
     cache.put(&plan, &answer, (12, 24), now).await;
     cache.flush().await;
     let before = writer.stats().jobs;
