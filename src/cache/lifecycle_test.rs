@@ -384,7 +384,7 @@ async fn a_row_read_while_a_refresh_drops_its_key_is_not_kept() {
     let read = |c: &Arc<Cache>| {
         let c = c.clone();
         async move {
-            let changes = c.lru.lock().changes();
+            let changes = c.lru.lock().changes(&key);
             let e = c.read(&key, None, WireFormat::OpenAi, now).await;
             (e.unwrap().expect("the row"), changes)
         }
@@ -426,5 +426,21 @@ async fn a_row_read_while_a_refresh_drops_its_key_is_not_kept() {
         serde_json::from_slice::<Value>(&held_now.answer).unwrap(),
         third,
         "the store made during the read stays"
+    );
+
+    // Another key stored meanwhile, of another shard: the read is kept all the same — one
+    // count for every key gave up nearly every read under a stream of stores (s39 stop
+    // attack M2).
+    a.lru.lock().pop(&key);
+    let (entry, changes) = read(&a).await;
+    let other = (40..100)
+        .map(|n| plan(&a, &format!("WVWZZZ1JZXW0000{n}")))
+        .find(|p| super::memory::shard(&p.keys.exact) != super::memory::shard(&key))
+        .expect("a key of another shard");
+    a.put(&other, &answer(), (12, 24), now).await;
+    a.keep(&entry, changes);
+    assert!(
+        a.lru.lock().get(&key).is_some(),
+        "a change elsewhere does not stop the keep"
     );
 }

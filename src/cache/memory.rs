@@ -29,14 +29,23 @@ pub(super) fn held(e: &Entry) -> usize {
     std::mem::size_of::<Entry>() + e.answer.len()
 }
 
+/// Shards of the LRU's change counts (`Lru::changes`): one count for every key kept every
+/// read of a row from being kept under a steady stream of stores (s39 stop attack M2);
+/// with 64, a read is given up when one of 1/64 of the keys changed meanwhile.
+pub(super) const CHANGE_SHARDS: usize = 64;
+
+pub(super) fn shard(key: &Key) -> usize {
+    usize::from(key[0]) % CHANGE_SHARDS
+}
+
 /// The entries in memory, least recently used first out, bounded in count and in the
 /// memory they hold (`held`).
 pub(super) struct Lru {
     entries: LruCache<Key, (Arc<Entry>, usize)>,
     bytes: usize,
-    /// Changes so far (`put`, `pop`, `clear`): a row read from the table while memory
-    /// changed may be older than what changed it (`Cache::keep`).
-    changes: u64,
+    /// Changes so far (`put`, `pop`, `clear`), per shard of keys: a row read from the table
+    /// while its key's shard changed may be older than what changed it (`Cache::keep`).
+    changes: [u64; CHANGE_SHARDS],
 }
 
 impl Lru {
@@ -45,7 +54,7 @@ impl Lru {
         Lru {
             entries: LruCache::new(cap),
             bytes: 0,
-            changes: 0,
+            changes: [0; CHANGE_SHARDS],
         }
     }
 
@@ -57,7 +66,7 @@ impl Lru {
     /// walk of a large answer must not hold up every lookup); one larger than the whole
     /// budget is not kept (it is read from the database when asked for).
     pub(super) fn put(&mut self, key: Key, entry: Arc<Entry>, bytes: usize) {
-        self.changes += 1;
+        self.changes[shard(&key)] += 1;
         if bytes > LRU_BYTES {
             self.pop(&key);
             return;
@@ -79,19 +88,22 @@ impl Lru {
         self.entries.peek(key).map(|(e, _)| e)
     }
 
-    pub(super) fn changes(&self) -> u64 {
-        self.changes
+    /// The changes so far in `key`'s shard.
+    pub(super) fn changes(&self, key: &Key) -> u64 {
+        self.changes[shard(key)]
     }
 
     pub(super) fn pop(&mut self, key: &Key) {
-        self.changes += 1;
+        self.changes[shard(key)] += 1;
         if let Some((_, gone)) = self.entries.pop(key) {
             self.bytes -= gone;
         }
     }
 
     pub(super) fn clear(&mut self) {
-        self.changes += 1;
+        for c in &mut self.changes {
+            *c += 1;
+        }
         self.entries.clear();
         self.bytes = 0;
     }
@@ -243,7 +255,7 @@ mod tests {
         let mut lru = Lru {
             entries: LruCache::new(cap),
             bytes: 0,
-            changes: 0,
+            changes: [0; CHANGE_SHARDS],
         };
         // An entry holding about `bytes`: an answer of one string that long.
         let entry = |i: u8, bytes: usize| {

@@ -326,7 +326,7 @@ impl Cache {
     ) -> Result<Option<Arc<Entry>>, StoreError> {
         let (cached, changes) = {
             let mut lru = self.lru.lock();
-            (lru.get(key), lru.changes())
+            (lru.get(key), lru.changes(key))
         };
         if let Some(e) = cached.filter(|e| e.expires_at > now) {
             return Ok(Some(e));
@@ -375,16 +375,17 @@ impl Cache {
         })))
     }
 
-    /// Keeps in memory an entry read from the table when memory did not change since
-    /// `changes` (`memory::Lru::changes`, taken before the read): a refresh that dropped its
-    /// key meanwhile (stored again elsewhere), an eviction or an invalidation would have
-    /// been undone by the older row read, served then until the next rebuild (s39 attack
-    /// F3), and a store of its key here meanwhile replaced by it (H6). Any change counts,
-    /// of any key: such a read is served once and read again at its next use.
+    /// Keeps in memory an entry read from the table when its key's shard of memory did not
+    /// change since `changes` (`memory::Lru::changes`, taken before the read): a refresh
+    /// that dropped its key meanwhile (stored again elsewhere), an eviction or an
+    /// invalidation would have been undone by the older row read, served then until the
+    /// next rebuild (s39 attack F3), and a store of its key here meanwhile replaced by it
+    /// (H6). A change of any key of the shard counts: such a read is served once and read
+    /// again at its next use.
     fn keep(&self, entry: &Arc<Entry>, changes: u64) {
         let bytes = memory::held(entry);
         let mut lru = self.lru.lock();
-        if lru.changes() == changes {
+        if lru.changes(&entry.key) == changes {
             lru.put(entry.key, entry.clone(), bytes);
         }
     }
