@@ -416,7 +416,25 @@ async fn cache_writes_of_many_rows_wait_for_each_other() {
         .unwrap();
     let pool = b.pool.clone();
     let delete = tokio::spawn(async move { pg::cache::delete_tag(&pool, "two").await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Until the deletion waits on the advisory lock, or ends (it ran beside the batch).
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        )
+        .fetch_one(&b.pool)
+        .await
+        .unwrap();
+        if waiting > 0 || delete.is_finished() {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the deletion neither ran nor waited"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert!(
         !delete.is_finished(),
         "the deletion ran beside the hit batch"
