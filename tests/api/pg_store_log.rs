@@ -122,6 +122,26 @@ async fn a_request_log_batch_is_one_statement_idempotent_and_reads_as_on_sqlite(
     b.lite.close().await;
 }
 
+/// Returns once `task` waits on an advisory lock in this database, or has ended; fails,
+/// naming `what`, after 30 s of neither.
+async fn waits_or_ends<T>(pool: &PgPool, task: &tokio::task::JoinHandle<T>, what: &str) {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if waiting > 0 || task.is_finished() {
+            return;
+        }
+        assert!(Instant::now() < until, "{what} neither ended nor waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 fn new_entry(key: u8, tags: &str, answer: &str, minute: u32) -> NewEntry {
     NewEntry {
         key: [key; 32],
@@ -416,25 +436,7 @@ async fn cache_writes_of_many_rows_wait_for_each_other() {
         .unwrap();
     let pool = b.pool.clone();
     let delete = tokio::spawn(async move { pg::cache::delete_tag(&pool, "two").await });
-    // Until the deletion waits on the advisory lock, or ends (it ran beside the batch).
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
-             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-        )
-        .fetch_one(&b.pool)
-        .await
-        .unwrap();
-        if waiting > 0 || delete.is_finished() {
-            break;
-        }
-        assert!(
-            Instant::now() < until,
-            "the deletion neither ran nor waited"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    waits_or_ends(&b.pool, &delete, "the deletion").await;
     assert!(
         !delete.is_finished(),
         "the deletion ran beside the hit batch"
@@ -599,21 +601,7 @@ async fn cache_entries_become_visible_in_id_order_across_writers() {
             .unwrap();
         t.commit().await.unwrap();
     });
-    // Until B is done or waits for A.
-    let until = Instant::now() + Duration::from_secs(30);
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-        )
-        .fetch_one(&b.pool)
-        .await
-        .unwrap();
-        if waiting > 0 || host_b.is_finished() {
-            break;
-        }
-        assert!(Instant::now() < until, "host B neither wrote nor waited");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    waits_or_ends(&b.pool, &host_b, "host B").await;
     // A reader polls now, then again after both committed.
     let first = pg::cache::keys_after(&b.pool, 0, now).await.unwrap();
     let seen = first.last().map_or(0, |r| r.id);
