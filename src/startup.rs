@@ -64,7 +64,7 @@ pub const SETTLE_MARGIN: Duration = Duration::from_secs(3);
 /// How long the exit waits to settle reservations of unknown outcome (`Quota::settle_unsure`).
 const UNSURE_AT_EXIT: Duration = Duration::from_secs(10);
 
-/// How long the exit waits for the queued request-log rows and cache entries: on
+/// How long the exit waits for the queued request-log rows, cache entries and hit counts: on
 /// PostgreSQL a batch is retried for minutes while the database is out of reach
 /// (`pg::lingering`), and a supervisor's stop must not wait for that.
 const ROWS_AT_EXIT: Duration = Duration::from_secs(10);
@@ -326,7 +326,7 @@ impl Application {
         };
         if tokio::time::timeout(ROWS_AT_EXIT, rows).await.is_err() {
             tracing::error!(
-                "request-log rows and cache entries not written at shutdown within {ROWS_AT_EXIT:?} (is the database out of reach?); rows still queued at exit are lost"
+                "request-log rows, cache entries and hit counts not written at shutdown within {ROWS_AT_EXIT:?} (is the database out of reach?); rows still queued at exit are lost"
             );
         }
         let _ = processes::unregister(&state.db, me).await;
