@@ -25,6 +25,10 @@ fn cache(db: &Db) -> Arc<Cache> {
     .unwrap()
 }
 
+async fn open(dir: &tempfile::TempDir) -> Db {
+    Db::open(&dir.path().join("cache.db"), false).await.unwrap()
+}
+
 /// The plan of a question about `vin`; `"thanks"` is one with no meaning to compare
 /// (exact matches only, no vector).
 fn plan(c: &Cache, vin: &str) -> Plan {
@@ -62,9 +66,7 @@ fn far() -> std::time::Instant {
 #[tokio::test]
 async fn rows_another_replica_evicted_are_forgotten_and_a_drained_table_is_followed_again() {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(&dir.path().join("replicas.db"), false)
-        .await
-        .unwrap();
+    let db = open(&dir).await;
     let (a, b) = (cache(&db), cache(&db));
     let now = Utc::now();
     let vins = ["thanks", "WVWZZZ1JZXW000002"];
@@ -153,9 +155,7 @@ async fn a_row_stored_after_the_newest_was_evicted_is_followed_by_other_replicas
     // re-stored answer stayed in that replica's LRU, a new key was missing there, up to
     // the 10-minute rebuild (s28 stop attack F2; a client sets a 1-second TTL at will).
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(&dir.path().join("reused.db"), false)
-        .await
-        .unwrap();
+    let db = open(&dir).await;
     let (a, b) = (cache(&db), cache(&db));
     let now = Utc::now();
     let held = plan(&a, "WVWZZZ1JZXW000011");
@@ -201,9 +201,7 @@ async fn a_row_stored_after_the_newest_was_evicted_is_followed_by_other_replicas
 #[tokio::test]
 async fn content_named_by_its_url_is_cached_only_when_asked_for() {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(&dir.path().join("remote.db"), false)
-        .await
-        .unwrap();
+    let db = open(&dir).await;
     let c = cache(&db);
     let ask = |part: Value, on: bool| {
         let body = json!({"model": "m", "temperature": 0, "max_tokens": 10,
@@ -271,7 +269,7 @@ async fn content_named_by_its_url_is_cached_only_when_asked_for() {
 #[tokio::test]
 async fn an_answer_too_deep_to_parse_again_is_held_whole_and_not_replayed() {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(&dir.path().join("deep.db"), false).await.unwrap();
+    let db = open(&dir).await;
     let c = cache(&db);
     let now = Utc::now();
     let p = plan(&c, "WVWZZZ1JZXW000021");
@@ -313,7 +311,7 @@ fn an_entry_holds_no_more_than_its_text() {
 #[tokio::test]
 async fn a_replay_parses_only_what_it_replays() {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(&dir.path().join("wide.db"), false).await.unwrap();
+    let db = open(&dir).await;
     let c = cache(&db);
     let now = Utc::now();
     let p = plan(&c, "WVWZZZ1JZXW000022");
@@ -335,7 +333,7 @@ async fn a_replay_parses_only_what_it_replays() {
 #[tokio::test]
 async fn a_replicas_own_entries_stay_in_its_memory_at_its_refresh() {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(&dir.path().join("own.db"), false).await.unwrap();
+    let db = open(&dir).await;
     let (a, b) = (cache(&db), cache(&db));
     let now = Utc::now();
     a.refresh(now).await.unwrap(); // as at its start: the first reads the whole table
@@ -372,7 +370,7 @@ async fn a_replicas_own_entries_stay_in_its_memory_at_its_refresh() {
 #[tokio::test]
 async fn a_row_read_while_a_refresh_drops_its_key_is_not_kept() {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(&dir.path().join("race.db"), false).await.unwrap();
+    let db = open(&dir).await;
     let (a, b) = (cache(&db), cache(&db));
     let now = Utc::now();
     a.refresh(now).await.unwrap();

@@ -490,6 +490,13 @@ async fn an_invalidation_whose_audit_row_fails_deletes_nothing() {
 }
 
 /// A database of the suite's engine (a SQLite file in `dir`, or a PostgreSQL database).
+/// A SQLite database in `dir`, for the tests that write its rows by hand.
+async fn sqlite_db(dir: &tempfile::TempDir) -> sluice::store::Db {
+    sluice::store::Db::open(&dir.path().join("cache.db"), false)
+        .await
+        .unwrap()
+}
+
 async fn suite_db(dir: &tempfile::TempDir) -> sluice::store::Db {
     use crate::pg_gateway_app::{shared_key, Engine};
     match test_engine() {
@@ -547,9 +554,7 @@ pub(crate) fn plan_of(
 #[tokio::test]
 async fn a_rebuild_reads_every_page_of_entries() {
     let dir = tempfile::tempdir().unwrap();
-    let db = sluice::store::Db::open(&dir.path().join("paged.db"), false)
-        .await
-        .unwrap();
+    let db = sqlite_db(&dir).await;
     let (a, b) = (cache_on(&db), cache_on(&db));
     let now = chrono::Utc::now();
     let answer = egr_answer();
@@ -1129,9 +1134,7 @@ async fn a_stream_asking_for_an_answer_too_deep_to_replay_is_a_miss() {
 #[tokio::test]
 async fn a_row_read_back_is_served_as_it_was_checked() {
     let dir = tempfile::tempdir().unwrap();
-    let db = sluice::store::Db::open(&dir.path().join("twice.db"), false)
-        .await
-        .unwrap();
+    let db = sqlite_db(&dir).await;
     let (a, b) = (cache_on(&db), cache_on(&db));
     let now = chrono::Utc::now();
     let body = question("WVWZZZ1JZXW000043");
@@ -1163,9 +1166,7 @@ async fn a_row_read_back_is_served_as_it_was_checked() {
 #[tokio::test]
 async fn a_row_without_a_version_always_replaces_the_entry_held() {
     let dir = tempfile::tempdir().unwrap();
-    let db = sluice::store::Db::open(&dir.path().join("unversioned.db"), false)
-        .await
-        .unwrap();
+    let db = sqlite_db(&dir).await;
     let (a, b) = (cache_on(&db), cache_on(&db));
     let now = chrono::Utc::now();
     a.refresh(now).await.unwrap();
@@ -1206,9 +1207,7 @@ async fn a_row_without_a_version_always_replaces_the_entry_held() {
 #[tokio::test]
 async fn hits_are_counted_in_batches() {
     let dir = tempfile::tempdir().unwrap();
-    let db = sluice::store::Db::open(&dir.path().join("hits.db"), false)
-        .await
-        .unwrap();
+    let db = sqlite_db(&dir).await;
     let writer = sluice::store::writer::Writer::start(&db);
     let cache = sluice::cache::Cache::new(
         &sluice::config::CacheSettings::default(),
