@@ -282,14 +282,20 @@ async fn an_answer_too_deep_to_parse_again_is_held_whole_and_not_replayed() {
     c.put(&p, &deep, (12, 24), now).await;
     let hit = c.get(&p, now, far()).await.expect("held in memory");
     assert_eq!(hit.entry.answer, deep.to_string().as_bytes());
-    assert!(hit.entry.replayed().is_none(), "200 levels do not parse");
+    assert!(
+        hit.entry.replayed(WireFormat::OpenAi).is_none(),
+        "200 levels do not parse"
+    );
 
     let mut aside = answer();
     aside["system_fingerprint"] = nested;
     let p = plan(&c, "WVWZZZ1JZXW000024");
     c.put(&p, &aside, (12, 24), now).await;
     let hit = c.get(&p, now, far()).await.expect("held in memory");
-    assert!(hit.entry.replayed().is_some(), "a member not replayed");
+    assert!(
+        hit.entry.replayed(WireFormat::OpenAi).is_some(),
+        "a member not replayed"
+    );
 }
 
 /// The text an entry holds takes no more memory than it counts: `to_string`'s buffer of a
@@ -319,11 +325,44 @@ async fn a_replay_parses_only_what_it_replays() {
     wide["service_tier_detail"] = json!(vec![0; 100_000]);
     c.put(&p, &wide, (12, 24), now).await;
     let hit = c.get(&p, now, far()).await.expect("held in memory");
-    let replayed = hit.entry.replayed().expect("replayable");
+    let replayed = hit.entry.replayed(WireFormat::OpenAi).expect("replayable");
     assert!(replayed.get("service_tier_detail").is_none());
     wide.as_object_mut().unwrap().remove("service_tier_detail");
     wide.as_object_mut().unwrap().remove("object");
     assert_eq!(replayed, wide);
+}
+
+/// A streamed hit of an Anthropic answer starts with the message as a miss's stream does:
+/// `message_start` carries every member of the stored message (its content emptied) — the
+/// replay parsed only the members an OpenAI replay reads, and sent a message with no
+/// `type` and no `role` (s39 final attack F1).
+#[test]
+fn an_anthropic_replay_starts_with_the_whole_message() {
+    let stored = json!({"id": "msg_1", "type": "message", "role": "assistant",
+        "model": "claude-sonnet-4-5", "content": [{"type": "text", "text": "Check the EGR valve."}],
+        "stop_reason": "end_turn", "stop_sequence": null, "container": null,
+        "usage": {"input_tokens": 12, "output_tokens": 24}});
+    let entry = super::Entry {
+        key: [7; 32],
+        answer: stored.to_string().into(),
+        input_tokens: 12,
+        output_tokens: 24,
+        version: 1,
+        expires_at: Utc::now(),
+    };
+    let replayed = entry.replayed(WireFormat::Anthropic).expect("replayable");
+    let frames = super::replay::frames(WireFormat::Anthropic, &replayed, false);
+    let first = std::str::from_utf8(&frames[0]).unwrap();
+    let data = first
+        .lines()
+        .find_map(|l| l.strip_prefix("data: "))
+        .expect("data");
+    let start: Value = serde_json::from_str(data).unwrap();
+    let mut expected = stored.clone();
+    expected["content"] = json!([]);
+    expected["stop_reason"] = Value::Null;
+    expected["usage"]["output_tokens"] = json!(0);
+    assert_eq!(start["message"], expected);
 }
 
 /// A replica keeps its own new entries in memory at its refresh: the refresh popped every

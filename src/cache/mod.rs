@@ -61,17 +61,9 @@ pub struct Entry {
     pub expires_at: DateTime<Utc>,
 }
 
-/// The members of a stored answer a replay reads, of either format (`replay::frames`).
-const REPLAYED: [&str; 8] = [
-    "id",
-    "created",
-    "model",
-    "choices",
-    "usage",
-    "content",
-    "stop_reason",
-    "stop_sequence",
-];
+/// The members of a stored OpenAI answer its replay reads (`replay::frames`); an
+/// Anthropic replay's `message_start` carries every member of the message.
+const REPLAYED_OPENAI: [&str; 5] = ["id", "created", "model", "choices", "usage"];
 
 /// An answer's text for its table row and for memory. `to_string`'s buffer grows by
 /// doubling and `Bytes::from` keeps all of it: memory gets a copy of its own size, or the
@@ -84,16 +76,22 @@ fn texts(answer: &Value) -> (String, Bytes) {
 }
 
 impl Entry {
-    /// The members of the answer a replay as SSE reads (`replay::frames`), parsed; the
-    /// others are passed over unparsed — a member no replay reads, parsed at every streamed
-    /// hit, could hold 16 times its text (s38 stop attack F1). `None` for text nested deeper
-    /// than `serde_json` parses (a tool call's arguments streamed to a client of the other
+    /// The members of the answer a replay as SSE in `format` reads (`replay::frames`),
+    /// parsed; the others are passed over unparsed — an OpenAI answer's top-level member
+    /// no replay reads, parsed at every streamed hit, could hold 16 times its text (s38 stop
+    /// attack F1); members nested in those read are parsed whole. An Anthropic replay's
+    /// `message_start` carries the whole message: every member is read (s39 final attack
+    /// F1: it had gone out without `type` and `role`). `None` for text nested deeper than
+    /// `serde_json` parses (a tool call's arguments streamed to a client of the other
     /// format, parsed a few levels below the answer's own): such an entry answers whole
     /// requests only.
-    pub fn replayed(&self) -> Option<Value> {
+    pub fn replayed(&self, format: WireFormat) -> Option<Value> {
+        if format == WireFormat::Anthropic {
+            return serde_json::from_slice(&self.answer).ok();
+        }
         let members: HashMap<String, &RawValue> = serde_json::from_slice(&self.answer).ok()?;
         let mut replayed = serde_json::Map::new();
-        for name in REPLAYED {
+        for name in REPLAYED_OPENAI {
             if let Some(raw) = members.get(name) {
                 replayed.insert(name.into(), serde_json::from_str(raw.get()).ok()?);
             }

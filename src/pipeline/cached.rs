@@ -27,7 +27,7 @@ pub fn body(p: &Prepared, hit: &Hit) -> Option<Body> {
     if !p.stream {
         return Some(Body::Whole(hit.entry.answer.clone()));
     }
-    let answer = hit.entry.replayed()?;
+    let answer = hit.entry.replayed(p.endpoint.format())?;
     Some(Body::Frames(replay::frames(
         p.endpoint.format(),
         &answer,
