@@ -159,5 +159,40 @@ async fn main() -> anyhow::Result<()> {
         "the bench measured the wrong thing: {}",
         wrong.join("; ")
     );
+
+    // A plan's cost, which every cacheable request pays before its lookup: mostly its keys
+    // (the canonical request hashed twice: exact, and with the last question left out).
+    // The short request above, and an agent's conversation of 40 turns of ~1 KiB.
+    let conversation = {
+        let turn = "The build fails at step 3 with error E0277 in src/store/writer.rs; ".repeat(15);
+        let mut messages = vec![json!({"role": "system", "content": "You are a coding agent."})];
+        for i in 0..40 {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            messages.push(json!({"role": role, "content": format!("{i}: {turn}")}));
+        }
+        messages.push(json!({"role": "user", "content": "And now, why does it fail?"}));
+        json!({"temperature": 0, "messages": messages})
+            .as_object()
+            .cloned()
+            .unwrap_or_default()
+    };
+    for (name, b) in [
+        ("plan, question", body(1, 2, 3)),
+        ("plan, 41 turns", conversation),
+    ] {
+        let rounds = 2_000;
+        let mut times = Vec::with_capacity(rounds);
+        for _ in 0..rounds {
+            let t = Instant::now();
+            std::hint::black_box(plan(&b));
+            times.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        println!(
+            "{name:<14} p50 {:>8.1} µs   p99 {:>8.1} µs   ({} B of JSON)",
+            pct(&mut times, 50.0),
+            pct(&mut times, 99.0),
+            serde_json::to_string(&b)?.len()
+        );
+    }
     Ok(())
 }

@@ -8,6 +8,7 @@
 //! forgives, and the semantic match compares only those. An entry made under one reading
 //! (`ignore_identifiers`, strict or not) is never a candidate under another.
 
+use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
@@ -65,7 +66,22 @@ pub struct Keys {
 
 const IGNORED: &[&str] = &["user", "metadata", "stream", "stream_options", "model"];
 
-fn hash(kind: &str, scope: &str, model: &str, format: WireFormat, body: &Value) -> Key {
+/// A SHA-256 that serde_json writes into: the canonical request is hashed as it is
+/// serialised, never held whole.
+struct HashWriter(Sha256);
+
+impl std::io::Write for HashWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.update(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn hash(kind: &str, scope: &str, model: &str, format: WireFormat, body: &impl Serialize) -> Key {
     let mut h = Sha256::new();
     for part in [
         kind,
@@ -80,8 +96,74 @@ fn hash(kind: &str, scope: &str, model: &str, format: WireFormat, body: &Value) 
         h.update((part.len() as u64).to_be_bytes());
         h.update(part.as_bytes());
     }
-    h.update(body.to_string().as_bytes());
-    h.finalize().into()
+    let mut w = HashWriter(h);
+    // Serialising a `Value` into a writer that cannot fail does not fail.
+    let _ = serde_json::to_writer(&mut w, body);
+    w.0.finalize().into()
+}
+
+/// The request as keyed: its members but the ignored ones, in the order (sorted) and bytes
+/// `serde_json` gives a `Value` — the keys of entries already stored depend on them — with
+/// the last message's `content` written as `""` when `blank` (the context key's body).
+/// Written from the client's body as it is, not from a copy of it.
+struct Canonical<'a> {
+    body: &'a Map<String, Value>,
+    blank: bool,
+}
+
+impl Serialize for Canonical<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(None)?;
+        for (k, v) in self.body {
+            if IGNORED.contains(&k.as_str()) {
+                continue;
+            }
+            match v {
+                Value::Array(messages) if self.blank && k == "messages" => {
+                    map.serialize_entry(k, &LastBlank(messages))?
+                }
+                _ => map.serialize_entry(k, v)?,
+            }
+        }
+        map.end()
+    }
+}
+
+/// Messages with the last one's `content` written as `""`.
+struct LastBlank<'a>(&'a [Value]);
+
+impl Serialize for LastBlank<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        let Some((last, before)) = self.0.split_last() else {
+            return seq.end();
+        };
+        for m in before {
+            seq.serialize_element(m)?;
+        }
+        match last {
+            Value::Object(last) => seq.serialize_element(&ContentBlank(last))?,
+            other => seq.serialize_element(other)?,
+        }
+        seq.end()
+    }
+}
+
+/// A message with its `content` written as `""`.
+struct ContentBlank<'a>(&'a Map<String, Value>);
+
+impl Serialize for ContentBlank<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(None)?;
+        for (k, v) in self.0 {
+            if k == "content" {
+                map.serialize_entry(k, "")?;
+            } else {
+                map.serialize_entry(k, v)?;
+            }
+        }
+        map.end()
+    }
 }
 
 fn text_of(content: &Value) -> Option<String> {
@@ -107,23 +189,19 @@ pub fn keys(
     body: &Map<String, Value>,
     reading: Reading,
 ) -> Keys {
-    let mut canonical = body.clone();
-    for k in IGNORED {
-        canonical.remove(*k);
-    }
-    let canonical = Value::Object(canonical);
-    let exact = hash("exact.v1", scope, model, format, &canonical);
-    let mut context_body = canonical;
-    let last_user = context_body
-        .get_mut("messages")
-        .and_then(Value::as_array_mut)
-        .and_then(|m| m.last_mut())
+    let exact = hash(
+        "exact.v1",
+        scope,
+        model,
+        format,
+        &Canonical { body, blank: false },
+    );
+    let last_user = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .and_then(|m| m.last())
         .filter(|m| m.get("role").and_then(Value::as_str) == Some("user"))
-        .and_then(|m| {
-            let text = text_of(m.get("content")?)?;
-            m["content"] = Value::String(String::new());
-            Some(text)
-        });
+        .and_then(|m| text_of(m.get("content")?));
     // Only a message short enough for the semantic match is read: reading and embedding
     // cost memory in proportion to the text, and a long prompt is answered by exact
     // matches alone.
@@ -159,7 +237,8 @@ pub fn keys(
                 context.push_str(" embedder=");
                 context.push_str(reading.model);
             }
-            let body = Value::Array(vec![context_body, agreement]);
+            // Written as the array `[request, agreement]` it always was.
+            let body = (Canonical { body, blank: true }, agreement);
             (
                 Some(embed_text),
                 Some(hash(&context, scope, model, format, &body)),
@@ -189,6 +268,213 @@ mod tests {
 
     fn m(v: Value) -> Map<String, Value> {
         v.as_object().unwrap().clone()
+    }
+
+    /// The keys as computed before they were hashed while serialised (2026-12-06): a copy
+    /// of the request without the ignored members, its text, the context's copy with the
+    /// last user message blanked. Entries stored since depend on these bytes.
+    fn copied_keys(
+        scope: &str,
+        model: &str,
+        format: WireFormat,
+        body: &Map<String, Value>,
+        reading: Reading,
+    ) -> (Key, Option<Key>) {
+        let text_hash = |kind: &str, body: &Value| {
+            let mut h = Sha256::new();
+            for part in [
+                kind,
+                scope,
+                model,
+                if format == WireFormat::OpenAi {
+                    "openai"
+                } else {
+                    "anthropic"
+                },
+            ] {
+                h.update((part.len() as u64).to_be_bytes());
+                h.update(part.as_bytes());
+            }
+            h.update(body.to_string().as_bytes());
+            let key: Key = h.finalize().into();
+            key
+        };
+        let mut canonical = body.clone();
+        for k in IGNORED {
+            canonical.remove(*k);
+        }
+        let canonical = Value::Object(canonical);
+        let exact = text_hash("exact.v1", &canonical);
+        let mut context_body = canonical;
+        let last_user = context_body
+            .get_mut("messages")
+            .and_then(Value::as_array_mut)
+            .and_then(|m| m.last_mut())
+            .filter(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+            .and_then(|m| {
+                let text = text_of(m.get("content")?)?;
+                m["content"] = Value::String(String::new());
+                Some(text)
+            });
+        let context = last_user
+            .filter(|t| reading.semantic && t.len() <= MAX_SEMANTIC_BYTES)
+            .and_then(|text| {
+                let tokens = meaning::tokens(&text, reading.ignore_identifiers);
+                let agreement = Value::from(meaning::agreement(&tokens, reading.strict));
+                (!tokens.is_empty()).then_some(agreement)
+            })
+            .map(|agreement| {
+                let mut kind = format!(
+                    "context.v4 strict={} ignore_identifiers={}",
+                    reading.strict, reading.ignore_identifiers
+                );
+                if !reading.model.is_empty() {
+                    kind.push_str(" embedder=");
+                    kind.push_str(reading.model);
+                }
+                text_hash(&kind, &Value::Array(vec![context_body, agreement]))
+            });
+        (exact, context)
+    }
+
+    fn json_value() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            (-1e6f64..1e6).prop_map(Value::from),
+            "[a-zA-Z0-9 ?!.,\"\\\\\n\t\u{1}\u{7f}é€😀]{0,16}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                prop::collection::btree_map("[a-z_\"]{1,8}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn message() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let question = "[a-zA-Z0-9 ?!.,'\"-]{0,40}".prop_map(Value::from);
+        let parts = prop::collection::vec(
+            prop_oneof![
+                "[a-z0-9 ?]{0,20}".prop_map(|t| json!({"type": "text", "text": t})),
+                json_value(),
+            ],
+            0..3,
+        )
+        .prop_map(Value::from);
+        let content = prop_oneof![question, parts, json_value()];
+        let role = prop_oneof![
+            Just("user"),
+            Just("assistant"),
+            Just("system"),
+            Just("tool")
+        ];
+        let extra = prop::collection::btree_map("[a-z_]{1,6}", json_value(), 0..2);
+        (role, proptest::option::of(content), extra).prop_map(|(role, content, extra)| {
+            let mut m: Map<String, Value> = extra.into_iter().collect();
+            m.insert("role".into(), role.into());
+            if let Some(c) = content {
+                m.insert("content".into(), c);
+            }
+            Value::Object(m)
+        })
+    }
+
+    /// Keys hashed as the request is serialised are the keys the copies gave, byte for
+    /// byte, for any request and reading: entries stored before the change are found
+    /// after it, exactly and semantically.
+    #[test]
+    fn keys_are_the_bytes_the_copies_gave() {
+        use proptest::prelude::*;
+        use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+        // Most requests end with a user's question, as most do: those have a context key.
+        let question = (
+            "[a-zA-Z0-9 ?!.,'\"-]{1,40}",
+            prop::collection::btree_map("[a-z_]{1,6}", json_value(), 0..2),
+        )
+            .prop_map(|(q, extra)| {
+                let mut m: Map<String, Value> = extra.into_iter().collect();
+                m.insert("role".into(), "user".into());
+                m.insert("content".into(), q.into());
+                Value::Object(m)
+            });
+        let messages = (
+            prop::collection::vec(message(), 0..4),
+            proptest::option::weighted(0.8, question),
+        )
+            .prop_map(|(mut messages, question)| {
+                messages.extend(question);
+                messages
+            });
+        let body = (
+            messages,
+            prop::collection::btree_map(
+                prop_oneof![
+                    Just("user".to_string()),
+                    Just("metadata".to_string()),
+                    Just("stream".to_string()),
+                    Just("model".to_string()),
+                    Just("temperature".to_string()),
+                    "[a-z_]{1,8}"
+                ],
+                json_value(),
+                0..4,
+            ),
+            prop::bool::weighted(0.9),
+        )
+            .prop_map(|(messages, members, with_messages)| {
+                let mut b: Map<String, Value> = members.into_iter().collect();
+                if with_messages {
+                    b.insert("messages".into(), Value::from(messages));
+                }
+                b
+            });
+        let reading = (
+            prop::bool::weighted(0.8),
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+        );
+        let mut runner = TestRunner::new_with_rng(
+            Config {
+                cases: 2_000,
+                failure_persistence: None,
+                ..Config::default()
+            },
+            TestRng::from_seed(RngAlgorithm::ChaCha, b"sluice-cache-key-bytes-seed-0001"),
+        );
+        let contexts = std::cell::Cell::new(0);
+        runner
+            .run(
+                &(body, reading),
+                |(body, (semantic, strict, ignore_identifiers, embedder))| {
+                    let reading = Reading {
+                        semantic,
+                        strict,
+                        ignore_identifiers,
+                        model: if embedder {
+                            "text-embedding-3-small"
+                        } else {
+                            ""
+                        },
+                    };
+                    for format in [WireFormat::OpenAi, WireFormat::Anthropic] {
+                        let new = keys("team:1\u{1f}b=x", "gpt", format, &body, reading);
+                        let old = copied_keys("team:1\u{1f}b=x", "gpt", format, &body, reading);
+                        prop_assert_eq!(new.exact, old.0);
+                        prop_assert_eq!(new.context, old.1);
+                        contexts.set(contexts.get() + usize::from(new.context.is_some()));
+                    }
+                    Ok(())
+                },
+            )
+            .unwrap();
+        let contexts = contexts.get();
+        assert!(contexts > 500, "only {contexts} requests had a context key");
     }
 
     /// The `http` embedder's model is part of the context: another model's entries are no
