@@ -19,6 +19,7 @@ pub mod pg;
 pub mod prices;
 pub mod processes;
 pub mod raw;
+mod readers;
 pub mod reports;
 pub mod requests;
 pub mod responses;
@@ -171,6 +172,9 @@ pub struct SqlitePools {
     /// Exactly one connection: every write transaction in this process goes through it.
     pub write: SqlitePool,
     pub read: SqlitePool,
+    /// Readers on the caller's thread, for the request path's short reads
+    /// (`readers::Readers`).
+    readers: Arc<readers::Readers>,
 }
 
 /// A write transaction begun by `Db::begin` (on SQLite: `BEGIN IMMEDIATE` on the one write
@@ -389,7 +393,11 @@ impl Db {
             .connect_with(opts.read_only(true))
             .await?;
         Ok(Db {
-            backend: Backend::Sqlite(SqlitePools { write, read }),
+            backend: Backend::Sqlite(SqlitePools {
+                write,
+                read,
+                readers: Arc::new(readers::Readers::new(path.to_path_buf())),
+            }),
             audit: keys,
             seal,
         })

@@ -302,6 +302,20 @@ impl<'a> Conn<'a> {
         Ok(u64::try_from(unsafe { ffi::sqlite3_changes64(self.db) }).unwrap_or(0))
     }
 
+    /// Runs a statement to completion, handing each row to `each`.
+    pub fn query_rows(
+        &mut self,
+        sql: &'static str,
+        params: &[Param<'_>],
+        mut each: impl FnMut(&Row),
+    ) -> Result<()> {
+        let stmt = self.bind(sql, params)?;
+        while self.step(&stmt)? {
+            each(&Row(stmt.0));
+        }
+        Ok(())
+    }
+
     /// Runs a statement to completion and maps its first row, if any.
     pub fn query_row<T>(
         &mut self,
@@ -319,5 +333,76 @@ impl<'a> Conn<'a> {
             while self.step(&stmt)? {}
         }
         Ok(first)
+    }
+}
+
+/// A read-only connection of its own, outside sqlx's pools, whose statements run on the
+/// caller's thread: no round trip to a worker thread per statement and none for sqlx's
+/// ping when a pooled connection goes back, and no wait for a pooled connection that slow
+/// reads (an export, a report) hold. For short reads on the request path only.
+///
+/// Opened without a busy timeout: in WAL mode a reader waits for nobody, and the rare
+/// moment it would (SQLite recovering the WAL index) fails the read rather than holding
+/// the caller's thread.
+pub struct Reader {
+    db: NonNull<ffi::sqlite3>,
+    stmts: Statements,
+}
+
+// SAFETY: a `Reader` is used by one thread at a time (`&mut self`), and SQLite is built
+// thread-safe (sqlx checks), so its connection may move between threads.
+unsafe impl Send for Reader {}
+
+impl Reader {
+    pub fn open(path: &std::path::Path) -> Result<Reader> {
+        use std::os::unix::ffi::OsStrExt;
+        let name = std::ffi::CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| StoreError::Conflict("a database path with a NUL byte".into()))?;
+        let mut db = ptr::null_mut();
+        // SAFETY: `name` is NUL-terminated; SQLite sets `db` (even on failure, when it is
+        // then to be closed).
+        let rc = unsafe {
+            ffi::sqlite3_open_v2(
+                name.as_ptr(),
+                &mut db,
+                ffi::SQLITE_OPEN_READONLY | ffi::SQLITE_OPEN_NOMUTEX,
+                ptr::null(),
+            )
+        };
+        let Some(db) = NonNull::new(db) else {
+            return Err(StoreError::Conflict(
+                "SQLite could not allocate a connection".into(),
+            ));
+        };
+        if rc != ffi::SQLITE_OK {
+            let e = error(db.as_ptr());
+            // SAFETY: the failed connection, closed once; it has no statements.
+            unsafe { ffi::sqlite3_close(db.as_ptr()) };
+            return Err(e);
+        }
+        Ok(Reader {
+            db,
+            stmts: Statements::new(db.as_ptr()),
+        })
+    }
+
+    /// The connection, to run statements on.
+    pub fn conn(&mut self) -> Conn<'_> {
+        Conn {
+            db: self.db.as_ptr(),
+            stmts: &mut self.stmts,
+        }
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        // SQLite refuses to close a connection with live statements: finalized first.
+        for (_, s) in self.stmts.map.drain() {
+            // SAFETY: each statement was prepared on `db` and is finalized once.
+            unsafe { ffi::sqlite3_finalize(s.as_ptr()) };
+        }
+        // SAFETY: the connection this reader opened, closed once, without statements.
+        unsafe { ffi::sqlite3_close(self.db.as_ptr()) };
     }
 }

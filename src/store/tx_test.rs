@@ -120,3 +120,24 @@ async fn no_sqlite_pool_pings_before_each_use() {
         "the read pool pings"
     );
 }
+
+/// A cache hit's budget read runs on the caller's thread (`store::readers`), not through
+/// the read pool: reads holding every pooled connection (exports, reports) do not hold it
+/// up. Through the pool it waited for a connection, up to the pool's 30 s.
+#[tokio::test]
+async fn a_hits_budget_read_waits_for_no_pooled_connection() {
+    let (_dir, db, owner) = super::writer_test::setup(5_000_000).await;
+    let pool = &db.sqlite().read;
+    let mut held = Vec::new();
+    for _ in 0..pool.options().get_max_connections() {
+        held.push(pool.acquire().await.unwrap());
+    }
+    let read = tokio::time::timeout(
+        Duration::from_secs(2),
+        super::cache::budget_remaining(&db, &owner, chrono::Utc::now()),
+    )
+    .await
+    .expect("the budget read waited for the read pool");
+    assert_eq!(read.unwrap(), Some(5_000_000));
+    drop(held);
+}

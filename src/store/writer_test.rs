@@ -27,7 +27,7 @@ fn clock() -> Arc<dyn Clock> {
 }
 
 /// A database with one token (limit `token_limit`) under an unlimited user and team.
-async fn setup(token_limit: i64) -> (tempfile::TempDir, Db, Owner) {
+pub(super) async fn setup(token_limit: i64) -> (tempfile::TempDir, Db, Owner) {
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(&dir.path().join("t.db"), false).await.unwrap();
     let at = "2026-11-29T00:00:00.000Z";
