@@ -384,6 +384,52 @@ mod tests {
         })
     }
 
+    /// The keys of two requests, byte for byte as before the keys were hashed while
+    /// serialised (7becd71): the property test below compares with the old computation
+    /// rebuilt on the same serde_json, which would move with it (a feature such as
+    /// `preserve_order` switched on by a dependency); these do not (s40 attack F3).
+    #[test]
+    fn keys_of_known_requests_stay_what_they_were() {
+        let body = m(
+            json!({"model": "gpt", "temperature": 0, "user": "u", "stream": true,
+            "metadata": {"a": 1}, "max_tokens": 64, "tools": [{"type": "function",
+            "function": {"name": "f", "parameters": {"z": 1, "a": [1.5, "é\n\"x\""]}}}],
+            "messages": [{"role": "system", "content": "Answer briefly."},
+                {"role": "user", "content": "Why does the light 3 blink on WVWZZZ1JZXW000001?",
+                 "name": "bob"}]}),
+        );
+        let hex = |k: &Key| hex::encode(k);
+        let strict = keys("team:1", "gpt", WireFormat::OpenAi, &body, STRICT);
+        let http = keys(
+            "team:1\u{1f}anthropic-beta=x",
+            "claude",
+            WireFormat::Anthropic,
+            &body,
+            Reading {
+                strict: false,
+                ignore_identifiers: true,
+                model: "text-embedding-3-small",
+                ..STRICT
+            },
+        );
+        let got = [
+            hex(&strict.exact),
+            strict.context.as_ref().map(hex).unwrap_or_default(),
+            hex(&http.exact),
+            http.context.as_ref().map(hex).unwrap_or_default(),
+        ];
+        assert_eq!(got, PINNED, "{got:#?}");
+    }
+
+    /// The exact keys (1st, 3rd) checked apart from serde_json: Python's `json.dumps` with
+    /// sorted keys and no spaces, hashed after the length-prefixed parts, gives the same.
+    const PINNED: [&str; 4] = [
+        "c504de79214c66be1ca3231a38561fb74e1bcac5268e2350aad86fc36c3ab5a4",
+        "ec83ed80fe8949adca3ab9b910aef55d671122aba6636bf087d4c87408095826",
+        "ced58f0d97c172b29b61ea42430fa8e087cbf684c7a76dfaa0d9348f85d5df1c",
+        "ea747ff39f1a20a0e2c4f5ef005b8592505689abe71e888a2508e8a4f1a095ee",
+    ];
+
     /// Keys hashed as the request is serialised are the keys the copies gave, byte for
     /// byte, for any request and reading: entries stored before the change are found
     /// after it, exactly and semantically.

@@ -379,8 +379,8 @@ pub async fn budget_remaining(
     };
     // Three rows by their keys, read on this thread (`readers`): a hit's whole database
     // work, which went to the read pool's worker thread and back, and once more for the
-    // connection's return (a sixth of a hit's CPU at one client), and waited behind reads
-    // holding every pooled connection.
+    // connection's return, and waited behind reads holding every pooled connection
+    // (docs/DESIGN.md "Store").
     let mut rows = Vec::with_capacity(3);
     sqlite.readers.read(|conn| {
         conn.query_rows(

@@ -534,6 +534,7 @@ impl Db {
     pub async fn close(&self) {
         match &self.backend {
             Backend::Sqlite(p) => {
+                p.readers.close();
                 p.read.close().await;
                 p.write.close().await;
             }

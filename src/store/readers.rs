@@ -6,15 +6,16 @@ use std::path::PathBuf;
 use parking_lot::Mutex;
 
 use super::raw::{Conn, Reader};
-use super::Result;
+use super::{Result, StoreError};
 
 /// Connections kept for reuse; more may be open at a moment (one per concurrent caller),
-/// the rest are closed when their read ends.
+/// the others are closed when their read ends.
 const KEPT: usize = 4;
 
 pub struct Readers {
     path: PathBuf,
-    idle: Mutex<Vec<Reader>>,
+    /// The idle readers; `None` once the database is closed (`close`).
+    idle: Mutex<Option<Vec<Reader>>>,
 }
 
 impl std::fmt::Debug for Readers {
@@ -27,23 +28,33 @@ impl Readers {
     pub fn new(path: PathBuf) -> Readers {
         Readers {
             path,
-            idle: Mutex::new(Vec::new()),
+            idle: Mutex::new(Some(Vec::new())),
         }
     }
 
     /// Runs `read` on an idle reader, or a new one. A reader whose read failed is closed,
-    /// not kept: whatever state the failure left it in goes with it.
+    /// not kept: whatever state the failure left it in goes with it. After `close`, every
+    /// read fails, as the pools' do.
     pub fn read<T>(&self, read: impl FnOnce(&mut Conn<'_>) -> Result<T>) -> Result<T> {
-        let idle = self.idle.lock().pop();
+        let idle = match self.idle.lock().as_mut() {
+            Some(idle) => idle.pop(),
+            None => return Err(StoreError::Sql(sqlx::Error::PoolClosed)),
+        };
         let mut reader = match idle {
             Some(r) => r,
             None => Reader::open(&self.path)?,
         };
         let out = read(&mut reader.conn())?;
-        let mut idle = self.idle.lock();
-        if idle.len() < KEPT {
+        if let Some(idle) = self.idle.lock().as_mut().filter(|i| i.len() < KEPT) {
             idle.push(reader);
         }
         Ok(out)
+    }
+
+    /// Closes the idle readers and every one in use as its read ends: the last connection
+    /// to close is then the write pool's, which checkpoints the WAL and removes it — an open
+    /// reader left the `-wal` and `-shm` files behind.
+    pub fn close(&self) {
+        self.idle.lock().take();
     }
 }

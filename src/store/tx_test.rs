@@ -124,7 +124,8 @@ async fn no_sqlite_pool_pings_before_each_use() {
 /// A cache hit's budget read runs on the caller's thread (`store::readers`), not through
 /// the read pool: reads holding every pooled connection (exports, reports) do not hold it
 /// up. Through the pool it waited for a connection, up to the pool's 30 s.
-#[tokio::test]
+// On two threads, the read spawned: a read that blocked its thread would still be timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hits_budget_read_waits_for_no_pooled_connection() {
     let (_dir, db, owner) = super::writer_test::setup(5_000_000).await;
     let pool = &db.sqlite().read;
@@ -132,12 +133,31 @@ async fn a_hits_budget_read_waits_for_no_pooled_connection() {
     for _ in 0..pool.options().get_max_connections() {
         held.push(pool.acquire().await.unwrap());
     }
-    let read = tokio::time::timeout(
-        Duration::from_secs(2),
-        super::cache::budget_remaining(&db, &owner, chrono::Utc::now()),
-    )
-    .await
-    .expect("the budget read waited for the read pool");
-    assert_eq!(read.unwrap(), Some(5_000_000));
+    let read = tokio::spawn({
+        let db = db.clone();
+        async move { super::cache::budget_remaining(&db, &owner, chrono::Utc::now()).await }
+    });
+    let read = tokio::time::timeout(Duration::from_secs(2), read)
+        .await
+        .expect("the budget read waited for the read pool");
+    assert_eq!(read.unwrap().unwrap(), Some(5_000_000));
     drop(held);
+}
+
+/// `Db::close` closes the hit path's readers too: the write connection then closes last
+/// and removes the WAL. An open reader left `-wal` and `-shm` behind, and went on reading
+/// after every other read failed (s40 attack F2).
+#[tokio::test]
+async fn closing_the_database_closes_its_readers() {
+    let (dir, db, owner) = super::writer_test::setup(5_000_000).await;
+    let now = chrono::Utc::now();
+    let read = super::cache::budget_remaining(&db, &owner, now).await;
+    assert_eq!(read.unwrap(), Some(5_000_000));
+    let wal = dir.path().join("t.db-wal");
+    assert!(wal.exists());
+    db.close().await;
+    assert!(!wal.exists(), "the WAL outlived the close");
+    assert!(super::cache::budget_remaining(&db, &owner, now)
+        .await
+        .is_err());
 }
