@@ -54,14 +54,13 @@ pub fn names_remote_content(v: &Value) -> bool {
 /// The longest last user message the semantic match reads (longer: exact matches only).
 pub const MAX_SEMANTIC_BYTES: usize = 32 * 1024;
 
-pub struct Keys {
-    pub exact: Key,
-    /// Present when the request ends with a user message with text of at most
-    /// `MAX_SEMANTIC_BYTES` and the semantic match is on (semantic candidates).
-    pub context: Option<Key>,
-    pub last_user: Option<String>,
+/// The semantic side of a request: present when it ends with a user message with text of
+/// at most `MAX_SEMANTIC_BYTES` and the semantic match is on.
+pub struct Question {
+    /// The context key: the entries of the same context are its semantic candidates.
+    pub context: Key,
     /// What the embedder embeds for the semantic match (see `meaning`).
-    pub embed_text: Option<String>,
+    pub embed_text: String,
 }
 
 const IGNORED: &[&str] = &["user", "metadata", "stream", "stream_options", "model"];
@@ -182,76 +181,78 @@ fn text_of(content: &Value) -> Option<String> {
     }
 }
 
-pub fn keys(
-    scope: &str,
-    model: &str,
-    format: WireFormat,
-    body: &Map<String, Value>,
-    reading: Reading,
-) -> Keys {
-    let exact = hash(
+/// The exact key.
+pub fn exact(scope: &str, model: &str, format: WireFormat, body: &Map<String, Value>) -> Key {
+    hash(
         "exact.v1",
         scope,
         model,
         format,
         &Canonical { body, blank: false },
-    );
+    )
+}
+
+/// The request's last question as the semantic match reads it, with its context key: a
+/// second pass over the request and a reading of the question, which an exact hit never
+/// needs (`Cache::read_question`).
+pub fn question(
+    scope: &str,
+    model: &str,
+    format: WireFormat,
+    body: &Map<String, Value>,
+    reading: Reading,
+) -> Option<Question> {
+    if !reading.semantic {
+        return None;
+    }
     let last_user = body
         .get("messages")
         .and_then(Value::as_array)
         .and_then(|m| m.last())
         .filter(|m| m.get("role").and_then(Value::as_str) == Some("user"))
-        .and_then(|m| text_of(m.get("content")?));
+        .and_then(|m| text_of(m.get("content")?))?;
     // Only a message short enough for the semantic match is read: reading and embedding
     // cost memory in proportion to the text, and a long prompt is answered by exact
     // matches alone.
-    let readable = last_user
-        .as_deref()
-        .filter(|t| reading.semantic && t.len() <= MAX_SEMANTIC_BYTES);
+    if last_user.len() > MAX_SEMANTIC_BYTES {
+        return None;
+    }
     // A message that reads as nothing (greetings and thanks only: "Thanks!", "Hi") has no
     // meaning to compare: exact matches only.
-    let read = readable.and_then(|text| {
-        let tokens = meaning::tokens(text, reading.ignore_identifiers);
-        if tokens.is_empty() {
-            return None;
-        }
-        let embed_text = if reading.strict {
-            meaning::normalised(&tokens)
-        } else {
-            meaning::for_http(text, reading.ignore_identifiers)
-        };
-        let agreement = meaning::agreement(&tokens, reading.strict);
-        Some((embed_text, Value::from(agreement)))
-    });
-    let (embed_text, context) = match read {
-        Some((embed_text, agreement)) => {
-            // The reading's version: bumped whenever the reading tells more questions apart,
-            // since an entry stored under the looser one shares the key of a question the
-            // new one tells apart from it — `ls -R` stored before v3 answered `ls -r` (s31
-            // diff attack F1). Otherwise kept, so entries stay found across releases.
-            let mut context = format!(
-                "context.v4 strict={} ignore_identifiers={}",
-                reading.strict, reading.ignore_identifiers
-            );
-            if !reading.model.is_empty() {
-                context.push_str(" embedder=");
-                context.push_str(reading.model);
-            }
-            // Written as the array `[request, agreement]` it always was.
-            let body = (Canonical { body, blank: true }, agreement);
-            (
-                Some(embed_text),
-                Some(hash(&context, scope, model, format, &body)),
-            )
-        }
-        None => (None, None),
-    };
-    Keys {
-        exact,
-        context,
-        last_user,
-        embed_text,
+    let tokens = meaning::tokens(&last_user, reading.ignore_identifiers);
+    if tokens.is_empty() {
+        return None;
     }
+    let embed_text = if reading.strict {
+        meaning::normalised(&tokens)
+    } else {
+        meaning::for_http(&last_user, reading.ignore_identifiers)
+    };
+    let agreement = meaning::agreement(&tokens, reading.strict);
+    // The reading's version: bumped whenever the reading tells more questions apart, since
+    // an entry stored under the looser one shares the key of a question the new one tells
+    // apart from it — `ls -R` stored before v3 answered `ls -r` (s31 diff attack F1).
+    // Otherwise kept, so entries stay found across releases.
+    let mut kind = format!(
+        "context.v4 strict={} ignore_identifiers={}",
+        reading.strict, reading.ignore_identifiers
+    );
+    if !reading.model.is_empty() {
+        kind.push_str(" embedder=");
+        kind.push_str(reading.model);
+    }
+    // Written as the array `[request, agreement]` it always was.
+    let context = hash(
+        &kind,
+        scope,
+        model,
+        format,
+        &(Canonical { body, blank: true }, agreement),
+    );
+    Some(Question {
+        context,
+        embed_text,
+    })
 }
 
 #[cfg(test)]
@@ -268,6 +269,25 @@ mod tests {
 
     fn m(v: Value) -> Map<String, Value> {
         v.as_object().unwrap().clone()
+    }
+
+    /// Both keys of a request.
+    struct Keys {
+        exact: Key,
+        context: Option<Key>,
+    }
+
+    fn keys(
+        scope: &str,
+        model: &str,
+        format: WireFormat,
+        body: &Map<String, Value>,
+        reading: Reading,
+    ) -> Keys {
+        Keys {
+            exact: exact(scope, model, format, body),
+            context: question(scope, model, format, body, reading).map(|q| q.context),
+        }
     }
 
     /// The keys as computed before they were hashed while serialised (2026-12-06): a copy
@@ -604,7 +624,6 @@ mod tests {
             a.context, reworded.context,
             "same context, the last message differs in punctuation only"
         );
-        assert_eq!(reworded.last_user.as_deref(), Some("why?"));
         let other_question = keys(
             "team:1",
             "gpt",

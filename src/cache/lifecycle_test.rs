@@ -39,18 +39,22 @@ fn plan(c: &Cache, vin: &str) -> Plan {
     let body = json!({"model": "gpt-4o-mini", "temperature": 0, "max_tokens": 100,
         "messages": [{"role": "system", "content": "You diagnose cars."},
             {"role": "user", "content": text}]});
-    c.plan(
-        &Asked::default(),
-        body.as_object().unwrap(),
-        WireFormat::OpenAi,
-        "gpt-4o-mini",
-        (1, 1),
-        None,
-        None,
-        None,
-    )
-    .unwrap()
-    .expect("cacheable")
+    let plan = c
+        .plan(
+            &Asked::default(),
+            body.as_object().unwrap(),
+            WireFormat::OpenAi,
+            "gpt-4o-mini",
+            (1, 1),
+            None,
+            None,
+            None,
+        )
+        .unwrap()
+        .expect("cacheable");
+    // As the pipeline does past the memory and before a store.
+    c.read_question(&plan, body.as_object().unwrap());
+    plan
 }
 
 fn answer() -> Value {
@@ -83,15 +87,15 @@ async fn rows_another_replica_evicted_are_forgotten_and_a_drained_table_is_follo
     assert_eq!(a.evict(later).await.unwrap(), 2);
     // An exact match only: no semantic candidate forgets it on the way.
     let first = plan(&b, vins[0]);
-    assert!(first.keys.context.is_none());
+    assert!(first.question().is_none());
     assert!(b.get(&first, later, far()).await.is_none());
     assert!(
-        !b.present.read().contains(&prefix(&first.keys.exact)),
+        !b.present.read().contains(&prefix(&first.exact)),
         "a row found gone is forgotten"
     );
     assert_eq!(b.present.read().len(), 1, "the other one is still held");
     let second = plan(&b, vins[1]);
-    assert!(second.keys.context.is_some());
+    assert!(second.question().is_some());
     assert!(b.get(&second, later, far()).await.is_none());
     assert!(b.present.read().is_empty());
     assert_eq!(
@@ -128,9 +132,9 @@ async fn rows_another_replica_evicted_are_forgotten_and_a_drained_table_is_follo
     a.put(&held, &changed, (12, 24), later).await;
     a.flush().await;
     b.lru.lock().put(
-        held.keys.exact,
+        held.exact,
         Arc::new(super::Entry {
-            key: held.keys.exact,
+            key: held.exact,
             answer: answer().to_string().into(),
             input_tokens: 12,
             output_tokens: 24,
@@ -381,7 +385,7 @@ async fn a_replicas_own_entries_stay_in_its_memory_at_its_refresh() {
     a.flush().await;
     a.refresh(now).await.unwrap();
     assert!(
-        a.lru.lock().get(&held.keys.exact).is_some(),
+        a.lru.lock().get(&held.exact).is_some(),
         "A's own entry stays in its memory"
     );
 
@@ -392,7 +396,7 @@ async fn a_replicas_own_entries_stay_in_its_memory_at_its_refresh() {
     b.flush().await;
     a.refresh(now).await.unwrap();
     assert!(
-        a.lru.lock().get(&held.keys.exact).is_none(),
+        a.lru.lock().get(&held.exact).is_none(),
         "stored again by B: the answer A held gives way"
     );
     let hit = a.get(&held, now, far()).await.expect("found");
@@ -417,7 +421,7 @@ async fn a_row_read_while_a_refresh_drops_its_key_is_not_kept() {
     b.put(&held, &answer(), (12, 24), now).await;
     b.flush().await;
     a.refresh(now).await.unwrap();
-    let key = held.keys.exact;
+    let key = held.exact;
     let read = |c: &Arc<Cache>| {
         let c = c.clone();
         async move {
@@ -472,7 +476,7 @@ async fn a_row_read_while_a_refresh_drops_its_key_is_not_kept() {
     let (entry, changes) = read(&a).await;
     let other = (40..100)
         .map(|n| plan(&a, &format!("WVWZZZ1JZXW0000{n}")))
-        .find(|p| super::memory::shard(&p.keys.exact) != super::memory::shard(&key))
+        .find(|p| super::memory::shard(&p.exact) != super::memory::shard(&key))
         .expect("a key of another shard");
     a.put(&other, &answer(), (12, 24), now).await;
     a.keep(&entry, changes);

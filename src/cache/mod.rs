@@ -21,7 +21,7 @@ mod words;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use chrono::{DateTime, Duration, Utc};
@@ -38,7 +38,7 @@ use crate::upstream::url_guard::SystemResolver;
 use embed::Embedder;
 use headers::expiry;
 pub use headers::{invalidation_tag, Asked, MAX_TAGS, MAX_TAG_LEN, MAX_TTL_SECONDS};
-use key::{Key, Keys};
+use key::{Key, Question};
 use memory::{Index, Lru};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,7 +109,14 @@ pub struct Hit {
 /// What one request does with the cache.
 #[derive(Clone)]
 pub struct Plan {
-    pub keys: Arc<Keys>,
+    pub exact: Key,
+    /// The request's last question, read when first needed (`Cache::read_question`): an
+    /// exact hit held in memory never needs it. Shared by the plan's clones.
+    question: Arc<OnceLock<Option<Question>>>,
+    /// The scope as keyed: with the request headers that change an answer.
+    key_scope: String,
+    /// The model's `ignore_identifiers`, for the reading of the question.
+    ignore_identifiers: Option<bool>,
     pub scope: String,
     pub model: String,
     pub format: WireFormat,
@@ -201,6 +208,14 @@ fn as_key(v: &[u8]) -> Option<Key> {
     v.try_into().ok()
 }
 
+impl Plan {
+    /// The last question, once read (`Cache::read_question`); `None` too when the request
+    /// has none the semantic match reads.
+    pub fn question(&self) -> Option<&Question> {
+        self.question.get().and_then(Option::as_ref)
+    }
+}
+
 impl Cache {
     pub fn new(
         cfg: &CacheSettings,
@@ -280,14 +295,11 @@ impl Cache {
             Some(beta) => format!("{scope}\u{1f}anthropic-beta={beta}"),
             None => scope.clone(),
         };
-        Ok(Some(Plan {
-            keys: Arc::new(key::keys(
-                &key_scope,
-                model,
-                format,
-                body,
-                self.reading(model_ignore_identifiers),
-            )),
+        let plan = Plan {
+            exact: key::exact(&key_scope, model, format, body),
+            question: Arc::new(OnceLock::new()),
+            key_scope,
+            ignore_identifiers: model_ignore_identifiers,
             scope,
             model: model.to_string(),
             format,
@@ -295,7 +307,34 @@ impl Cache {
             ttl: Duration::seconds(ttl),
             tags: format!(",{},", asked.tags.join(",")),
             threshold: model_threshold.unwrap_or(self.cfg.similarity_threshold) as f32,
-        }))
+        };
+        Ok(Some(plan))
+    }
+
+    /// Reads the last question of `body` — the request `plan` was made for — for the
+    /// semantic match, once: before a lookup past the memory (`get`), and before the answer
+    /// is stored (`put` stores the entry under its context only once it is read).
+    pub fn read_question(&self, plan: &Plan, body: &serde_json::Map<String, Value>) {
+        plan.question.get_or_init(|| {
+            key::question(
+                &plan.key_scope,
+                &plan.model,
+                plan.format,
+                body,
+                self.reading(plan.ignore_identifiers),
+            )
+        });
+    }
+
+    /// The exact hit held in memory, if any: all an exact repeat needs, before its question
+    /// is read.
+    pub fn held(&self, plan: &Plan, now: DateTime<Utc>) -> Option<Hit> {
+        let entry = self.lru.lock().get(&plan.exact)?;
+        (entry.expires_at > now).then_some(Hit {
+            entry,
+            kind: HitKind::Exact,
+            similarity: 1.0,
+        })
     }
 
     /// How questions are read for the semantic match: strictly with the lexical embedder,
@@ -398,11 +437,9 @@ impl Cache {
         now: DateTime<Utc>,
         deadline: std::time::Instant,
     ) -> Option<Hit> {
-        let context = plan.keys.context.as_ref();
-        match self
-            .entry(&plan.keys.exact, context, plan.format, now)
-            .await
-        {
+        let question = plan.question();
+        let context = question.map(|q| &q.context);
+        match self.entry(&plan.exact, context, plan.format, now).await {
             Ok(Some(entry)) => {
                 return Some(Hit {
                     entry,
@@ -416,10 +453,7 @@ impl Cache {
         if !self.cfg.semantic {
             return None;
         }
-        let (Some(context), Some(text)) = (plan.keys.context, plan.keys.embed_text.as_deref())
-        else {
-            return None;
-        };
+        let (context, text) = (question?.context, question?.embed_text.as_str());
         if !self.index.read().buckets.contains_key(&context) {
             return None;
         }
@@ -458,14 +492,15 @@ impl Cache {
             tracing::debug!("not a whole answer in the client's format: not cached");
             return;
         }
-        let vector = match (&plan.keys.context, plan.keys.embed_text.as_deref()) {
-            (Some(_), Some(text)) if self.cfg.semantic => self.embedder.embed(text).await.ok(),
+        let question = plan.question();
+        let vector = match question {
+            Some(q) if self.cfg.semantic => self.embedder.embed(&q.embed_text).await.ok(),
             _ => None,
         };
         let (text, held) = texts(answer);
         let version = rand::random::<i64>() | 1;
         let stored = store::cache::NewEntry {
-            key: plan.keys.exact,
+            key: plan.exact,
             scope: plan.scope.clone(),
             model: plan.model.clone(),
             format: if plan.format == WireFormat::OpenAi {
@@ -473,7 +508,7 @@ impl Cache {
             } else {
                 "anthropic"
             },
-            context_hash: plan.keys.context,
+            context_hash: question.map(|q| q.context),
             vector: vector.as_deref().map(embed::to_bytes),
             answer: text,
             input_tokens: usage.0,
@@ -488,7 +523,7 @@ impl Cache {
         // refuses) is this replica's alone, served from memory until it leaves the LRU or
         // the next rebuild, while the table keeps what it had (s39 attack F4).
         let e = Arc::new(Entry {
-            key: plan.keys.exact,
+            key: plan.exact,
             answer: held,
             input_tokens: usage.0,
             output_tokens: usage.1,
@@ -496,10 +531,10 @@ impl Cache {
             expires_at: expiry(now, plan.ttl),
         });
         let bytes = memory::held(&e);
-        self.lru.lock().put(plan.keys.exact, e, bytes);
-        self.present.write().insert(prefix(&plan.keys.exact));
-        if let (Some(context), Some(v)) = (plan.keys.context, vector) {
-            if !self.index.write().add(context, plan.keys.exact, v) {
+        self.lru.lock().put(plan.exact, e, bytes);
+        self.present.write().insert(prefix(&plan.exact));
+        if let (Some(q), Some(v)) = (question, vector) {
+            if !self.index.write().add(q.context, plan.exact, v) {
                 tracing::debug!("semantic index full: the entry is an exact match only");
             }
         }

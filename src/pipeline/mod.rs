@@ -350,7 +350,16 @@ async fn run(
     if let Some(plan) = &plan {
         log.cache = "miss";
         if !plan.refresh {
-            let hit = state.cache.get(plan, state.cache_now(), deadline).await;
+            let now = state.cache_now();
+            // An exact repeat held in memory is answered before its question is read: the
+            // second pass over the request is for the lookups past the memory.
+            let hit = match state.cache.held(plan, now) {
+                Some(hit) => Some(hit),
+                None => {
+                    state.cache.read_question(plan, &prepared.body);
+                    state.cache.get(plan, now, deadline).await
+                }
+            };
             let found = hit.and_then(|hit| cached::body(&prepared, &hit).map(|body| (hit, body)));
             if let Some((hit, body)) = found {
                 // The lookup may have waited on the `http` embedder (up to 5 s): after such
@@ -370,6 +379,11 @@ async fn run(
         }
     }
 
+    // A miss stores its answer under its question's context: read now if the lookup did
+    // not (a hit held in memory that a stream cannot replay; a refresh read it at its plan).
+    if let Some(plan) = &plan {
+        state.cache.read_question(plan, &prepared.body);
+    }
     span.set("sluice.cache", log.cache);
     drop(span);
 

@@ -97,6 +97,30 @@ async fn a_near_duplicate_is_a_semantic_hit_but_not_across_teams() {
     assert_eq!(app.mock.state.stats(KEY_A).count, 4);
 }
 
+/// A refresh stores its answer without a lookup. The question of a request is read only
+/// past the memory (an exact repeat held there never needs it), and for every miss at the
+/// cache stage's end: the entry a refresh stored is a semantic candidate as a miss's is.
+#[tokio::test]
+async fn an_answer_a_refresh_stored_is_a_semantic_candidate() {
+    let app = spawn_app().await;
+    let (_, token) = app.token("bea", None).await;
+    let resp = app
+        .http
+        .post(format!("{}/v1/chat/completions", app.address))
+        .bearer_auth(&token)
+        .header("x-sluice-cache", "refresh")
+        .json(&question("WVWZZZ1JZXW000001"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-sluice-cache"], "miss");
+    app.wait_for_cache_entries(1).await;
+    let (kind, _) = ask(&app, &token, &reworded("WVWZZZ1JZXW000001")).await;
+    assert_eq!(kind, "hit-semantic", "the refreshed question reworded");
+    assert_eq!(app.mock.state.stats(KEY_A).count, 1);
+}
+
 /// Issue 15 (attack on the agreement check), over HTTP: in one conversation, questions that
 /// differ only in a pronoun, a modal verb, a greeting used as a word or a currency sign
 /// are other questions. Each was a `hit-semantic` before pronouns, modal verbs and
@@ -527,13 +551,14 @@ pub(crate) fn cache_on(db: &sluice::store::Db) -> std::sync::Arc<sluice::cache::
 }
 
 /// The cache's plan for an OpenAI chat `body` to gpt-4o-mini (team 1, user 1, no header
-/// and no per-model settings but `ignore_identifiers`); it must be cacheable.
+/// and no per-model settings but `ignore_identifiers`), its question read; it must be
+/// cacheable.
 pub(crate) fn plan_of(
     cache: &sluice::cache::Cache,
     body: &Value,
     ignore_identifiers: Option<bool>,
 ) -> sluice::cache::Plan {
-    cache
+    let plan = cache
         .plan(
             &sluice::cache::Asked::default(),
             body.as_object().unwrap(),
@@ -545,7 +570,10 @@ pub(crate) fn plan_of(
             ignore_identifiers,
         )
         .unwrap()
-        .expect("cacheable")
+        .expect("cacheable");
+    // As the pipeline does past the memory and before a store.
+    cache.read_question(&plan, body.as_object().unwrap());
+    plan
 }
 
 /// A rebuild reads the entries back a page at a time, and every page is kept: the
@@ -1225,7 +1253,7 @@ async fn hits_are_counted_in_batches() {
     cache.flush().await;
     let before = writer.stats().jobs;
     for _ in 0..40 {
-        cache.record_hit(&plan.keys.exact);
+        cache.record_hit(&plan.exact);
     }
     cache.flush().await;
     let jobs = writer.stats().jobs - before;
