@@ -80,7 +80,8 @@ impl std::io::Write for HashWriter {
     }
 }
 
-fn hash(kind: &str, scope: &str, model: &str, format: WireFormat, body: &impl Serialize) -> Key {
+/// A hash fed the parts before the body, each with its length.
+fn prefixed(kind: &str, scope: &str, model: &str, format: WireFormat) -> Sha256 {
     let mut h = Sha256::new();
     for part in [
         kind,
@@ -95,7 +96,11 @@ fn hash(kind: &str, scope: &str, model: &str, format: WireFormat, body: &impl Se
         h.update((part.len() as u64).to_be_bytes());
         h.update(part.as_bytes());
     }
-    let mut w = HashWriter(h);
+    h
+}
+
+fn hash(kind: &str, scope: &str, model: &str, format: WireFormat, body: &impl Serialize) -> Key {
+    let mut w = HashWriter(prefixed(kind, scope, model, format));
     // Serialising a `Value` into a writer that cannot fail does not fail.
     let _ = serde_json::to_writer(&mut w, body);
     w.0.finalize().into()
@@ -301,20 +306,7 @@ mod tests {
         reading: Reading,
     ) -> (Key, Option<Key>) {
         let text_hash = |kind: &str, body: &Value| {
-            let mut h = Sha256::new();
-            for part in [
-                kind,
-                scope,
-                model,
-                if format == WireFormat::OpenAi {
-                    "openai"
-                } else {
-                    "anthropic"
-                },
-            ] {
-                h.update((part.len() as u64).to_be_bytes());
-                h.update(part.as_bytes());
-            }
+            let mut h = prefixed(kind, scope, model, format);
             h.update(body.to_string().as_bytes());
             let key: Key = h.finalize().into();
             key
