@@ -9,7 +9,7 @@ use std::sync::Arc;
 use chrono::{Duration, Utc};
 use serde_json::{json, Value};
 
-use super::{prefix, Asked, Cache, Plan};
+use super::{prefix, Asked, Cache, HitKind, Plan};
 use crate::config::{CacheSettings, UpstreamTimeouts};
 use crate::error::WireFormat;
 use crate::store::writer::Writer;
@@ -29,31 +29,39 @@ async fn open(dir: &tempfile::TempDir) -> Db {
     Db::open(&dir.path().join("cache.db"), false).await.unwrap()
 }
 
-/// The plan of a question about `vin`; `"thanks"` is one with no meaning to compare
-/// (exact matches only, no vector).
-fn plan(c: &Cache, vin: &str) -> Plan {
+/// A question about `vin`; `"thanks"` is one with no meaning to compare (exact matches
+/// only, no vector).
+fn question(vin: &str) -> Value {
     let text = match vin {
         "thanks" => "Thanks!".to_string(),
         vin => format!("Why does the engine warning light blink on {vin} after a cold start?"),
     };
-    let body = json!({"model": "gpt-4o-mini", "temperature": 0, "max_tokens": 100,
+    json!({"model": "gpt-4o-mini", "temperature": 0, "max_tokens": 100,
         "messages": [{"role": "system", "content": "You diagnose cars."},
-            {"role": "user", "content": text}]});
-    let plan = c
-        .plan(
-            &Asked::default(),
-            body.as_object().unwrap(),
-            WireFormat::OpenAi,
-            "gpt-4o-mini",
-            (1, 1),
-            None,
-            None,
-            None,
-        )
-        .unwrap()
-        .expect("cacheable");
-    // As the pipeline does past the memory and before a store.
-    c.read_question(&plan, body.as_object().unwrap());
+            {"role": "user", "content": text}]})
+}
+
+/// The plan of `question(vin)`, its question not read.
+fn unread_plan(c: &Cache, vin: &str) -> Plan {
+    c.plan(
+        &Asked::default(),
+        question(vin).as_object().unwrap(),
+        WireFormat::OpenAi,
+        "gpt-4o-mini",
+        (1, 1),
+        None,
+        None,
+        None,
+    )
+    .unwrap()
+    .expect("cacheable")
+}
+
+/// The plan of `question(vin)`, its question read as the pipeline reads it past the memory
+/// and before a store.
+fn plan(c: &Cache, vin: &str) -> Plan {
+    let plan = unread_plan(c, vin);
+    c.read_question(&plan, question(vin).as_object().unwrap());
     plan
 }
 
@@ -65,6 +73,24 @@ fn answer() -> Value {
 
 fn far() -> std::time::Instant {
     std::time::Instant::now() + std::time::Duration::from_secs(3600)
+}
+
+/// An exact repeat held in memory is found from its exact key alone: its question (the
+/// context key, the reading of its last message) is not read for it; an expired entry is
+/// not held.
+#[tokio::test]
+async fn an_exact_repeat_held_in_memory_needs_no_question() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(&dir).await;
+    let c = cache(&db);
+    let now = Utc::now();
+    c.put(&plan(&c, "WVWZZZ1JZXW000001"), &answer(), (12, 24), now)
+        .await;
+    let unread = unread_plan(&c, "WVWZZZ1JZXW000001");
+    let hit = c.held(&unread, now).expect("held in memory");
+    assert_eq!(hit.kind, HitKind::Exact);
+    assert!(unread.question.get().is_none(), "its question was read");
+    assert!(c.held(&unread, now + Duration::days(30)).is_none());
 }
 
 #[tokio::test]

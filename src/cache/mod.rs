@@ -437,6 +437,12 @@ impl Cache {
         now: DateTime<Utc>,
         deadline: std::time::Instant,
     ) -> Option<Hit> {
+        // Unread, the semantic side would be skipped and a row found gone forgotten from
+        // the semantic index under no context (s40 attack F2).
+        debug_assert!(
+            plan.question.get().is_some(),
+            "a lookup before its question is read"
+        );
         let question = plan.question();
         let context = question.map(|q| &q.context);
         match self.entry(&plan.exact, context, plan.format, now).await {
@@ -492,6 +498,10 @@ impl Cache {
             tracing::debug!("not a whole answer in the client's format: not cached");
             return;
         }
+        debug_assert!(
+            plan.question.get().is_some(),
+            "a store before its question is read"
+        );
         let question = plan.question();
         let vector = match question {
             Some(q) if self.cfg.semantic => self.embedder.embed(&q.embed_text).await.ok(),

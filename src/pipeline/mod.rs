@@ -380,7 +380,8 @@ async fn run(
     }
 
     // A miss stores its answer under its question's context: read now if the lookup did
-    // not (a hit held in memory that a stream cannot replay; a refresh read it at its plan).
+    // not (a refresh, which never looks up; a hit held in memory that a stream cannot
+    // replay).
     if let Some(plan) = &plan {
         state.cache.read_question(plan, &prepared.body);
     }
@@ -432,6 +433,11 @@ async fn run(
                 }
                 if plan.is_some() {
                     plan = cache_plan(state, &cache_asked, &prepared, &auth)?;
+                    // A new plan, its question unread: read as at stage 4's end, or its
+                    // answer was stored for exact matches only (s40 attack F1).
+                    if let Some(plan) = &plan {
+                        state.cache.read_question(plan, &prepared.body);
+                    }
                 }
                 state
                     .quota

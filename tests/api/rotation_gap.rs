@@ -211,6 +211,16 @@ async fn a_token_rotated_during_the_semantic_lookup_is_charged_as_its_successor(
         "the successor's window: this request alone"
     );
     app.assert_invariant().await;
+    // Its answer is stored under its question's context, as any miss's: the move makes a
+    // new plan, whose question went unread, and the entry was for exact matches only (s40
+    // attack F1).
+    app.wait_for_cache_entries(2).await;
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM cache_entries WHERE context_hash IS NULL")
+            .await,
+        0,
+        "an entry stored for exact matches only"
+    );
 }
 on_both_engines!(a_token_rotated_during_the_semantic_lookup_is_charged_as_its_successor);
 
