@@ -65,21 +65,6 @@ pub struct Question {
 
 const IGNORED: &[&str] = &["user", "metadata", "stream", "stream_options", "model"];
 
-/// A SHA-256 that serde_json writes into: the canonical request is hashed as it is
-/// serialised, never held whole.
-struct HashWriter(Sha256);
-
-impl std::io::Write for HashWriter {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.update(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// A hash fed the parts before the body, each with its length.
 fn prefixed(kind: &str, scope: &str, model: &str, format: WireFormat) -> Sha256 {
     let mut h = Sha256::new();
@@ -100,10 +85,28 @@ fn prefixed(kind: &str, scope: &str, model: &str, format: WireFormat) -> Sha256 
 }
 
 fn hash(kind: &str, scope: &str, model: &str, format: WireFormat, body: &impl Serialize) -> Key {
-    let mut w = HashWriter(prefixed(kind, scope, model, format));
-    // Serialising a `Value` into a writer that cannot fail does not fail.
-    let _ = serde_json::to_writer(&mut w, body);
-    w.0.finalize().into()
+    // The request is hashed as it is serialised (`Sha256` is an `io::Write`), never held
+    // whole. Serialising a `Value` into a writer that cannot fail does not fail.
+    let mut h = prefixed(kind, scope, model, format);
+    let _ = serde_json::to_writer(&mut h, body);
+    h.finalize().into()
+}
+
+/// The context key's kind: the reading's version and the reading. Bumped whenever the
+/// reading tells more questions apart, since an entry stored under the looser one shares
+/// the key of a question the new one tells apart from it — `ls -R` stored before v3
+/// answered `ls -r` (s31 diff attack F1). Otherwise kept, so entries stay found across
+/// releases.
+fn context_kind(reading: &Reading) -> String {
+    let mut kind = format!(
+        "context.v4 strict={} ignore_identifiers={}",
+        reading.strict, reading.ignore_identifiers
+    );
+    if !reading.model.is_empty() {
+        kind.push_str(" embedder=");
+        kind.push_str(reading.model);
+    }
+    kind
 }
 
 /// The request as keyed: its members but the ignored ones, in the order (sorted) and bytes
@@ -234,21 +237,9 @@ pub fn question(
         meaning::for_http(&last_user, reading.ignore_identifiers)
     };
     let agreement = meaning::agreement(&tokens, reading.strict);
-    // The reading's version: bumped whenever the reading tells more questions apart, since
-    // an entry stored under the looser one shares the key of a question the new one tells
-    // apart from it — `ls -R` stored before v3 answered `ls -r` (s31 diff attack F1).
-    // Otherwise kept, so entries stay found across releases.
-    let mut kind = format!(
-        "context.v4 strict={} ignore_identifiers={}",
-        reading.strict, reading.ignore_identifiers
-    );
-    if !reading.model.is_empty() {
-        kind.push_str(" embedder=");
-        kind.push_str(reading.model);
-    }
     // Written as the array `[request, agreement]` it always was.
     let context = hash(
-        &kind,
+        &context_kind(&reading),
         scope,
         model,
         format,
@@ -336,15 +327,10 @@ mod tests {
                 (!tokens.is_empty()).then_some(agreement)
             })
             .map(|agreement| {
-                let mut kind = format!(
-                    "context.v4 strict={} ignore_identifiers={}",
-                    reading.strict, reading.ignore_identifiers
-                );
-                if !reading.model.is_empty() {
-                    kind.push_str(" embedder=");
-                    kind.push_str(reading.model);
-                }
-                text_hash(&kind, &Value::Array(vec![context_body, agreement]))
+                text_hash(
+                    &context_kind(&reading),
+                    &Value::Array(vec![context_body, agreement]),
+                )
             });
         (exact, context)
     }
