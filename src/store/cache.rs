@@ -377,28 +377,33 @@ pub async fn budget_remaining(
             return super::pg::cache::budget_remaining(&pg.pool, owner, now).await
         }
     };
-    // Three rows by their keys, read on this thread (`readers`): a hit's whole database
-    // work, which went to the read pool's worker thread and back, and once more for the
-    // connection's return, and waited behind reads holding every pooled connection
-    // (docs/DESIGN.md "Store").
-    let mut rows = Vec::with_capacity(3);
-    sqlite.readers.read(|conn| {
-        conn.query_rows(
-            "SELECT 0, limit_micros, remaining_micros, period FROM tokens WHERE id = ?1
-             UNION ALL SELECT 1, limit_micros, remaining_micros, period FROM users WHERE id = ?2
-             UNION ALL SELECT 2, limit_micros, remaining_micros, period FROM teams WHERE id = ?3",
-            &[
-                owner.token_id.into(),
-                owner.user_id.into(),
-                owner.team_id.into(),
-            ],
-            |r| {
-                if let Some(level) = r.int(0) {
-                    rows.push((level, r.int(1), r.int(2), r.text(3).unwrap_or_default()));
-                }
-            },
-        )
-    })?;
+    // Three rows by their keys, on a reader of the store's own (`readers`), in one hop to a
+    // blocking thread: through the read pool it went to the connection's worker thread and
+    // back, and once more for the connection's return, and waited behind reads holding
+    // every pooled connection. Not on the worker's thread: SQLite's WAL read retry sleeps,
+    // up to ~10 s, while another process holds the read marks, and would hold every
+    // request of the worker (s40 final attack F1; docs/DESIGN.md "Store").
+    let readers = sqlite.readers.clone();
+    let ids = [owner.token_id, owner.user_id, owner.team_id];
+    let rows = tokio::task::spawn_blocking(move || {
+        let mut rows = Vec::with_capacity(3);
+        readers.read(|conn| {
+            conn.query_rows(
+                "SELECT 0, limit_micros, remaining_micros, period FROM tokens WHERE id = ?1
+                 UNION ALL SELECT 1, limit_micros, remaining_micros, period FROM users WHERE id = ?2
+                 UNION ALL SELECT 2, limit_micros, remaining_micros, period FROM teams WHERE id = ?3",
+                &[ids[0].into(), ids[1].into(), ids[2].into()],
+                |r| {
+                    if let Some(level) = r.int(0) {
+                        rows.push((level, r.int(1), r.int(2), r.text(3).unwrap_or_default()));
+                    }
+                },
+            )
+        })?;
+        Ok::<_, super::StoreError>(rows)
+    })
+    .await
+    .map_err(|e| super::StoreError::Conflict(format!("the budget read did not finish: {e}")))??;
     Ok(tightest(rows, owner, now))
 }
 

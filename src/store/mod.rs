@@ -172,7 +172,7 @@ pub struct SqlitePools {
     /// Exactly one connection: every write transaction in this process goes through it.
     pub write: SqlitePool,
     pub read: SqlitePool,
-    /// Readers on the caller's thread, for the request path's short reads
+    /// Read-only connections of the store's own, for the request path's short reads
     /// (`readers::Readers`).
     readers: Arc<readers::Readers>,
 }

@@ -337,13 +337,11 @@ impl<'a> Conn<'a> {
 }
 
 /// A read-only connection of its own, outside sqlx's pools, whose statements run on the
-/// caller's thread: no round trip to a worker thread per statement and none for sqlx's
-/// ping when a pooled connection goes back, and no wait for a pooled connection that slow
-/// reads (an export, a report) hold. For short reads on the request path only.
-///
-/// Opened without a busy timeout: in WAL mode a reader waits for nobody, and the rare
-/// moment it would (SQLite recovering the WAL index) fails the read rather than holding
-/// the caller's thread.
+/// thread that holds it: no round trip to a worker thread per statement and none for
+/// sqlx's ping when a pooled connection goes back, and no wait for a pooled connection that
+/// slow reads (an export, a report) hold. For short reads on the request path, run on a
+/// blocking thread: SQLite can sleep in a read (its busy timeout, and its WAL read retry,
+/// up to ~10 s, while another process holds the read marks).
 pub struct Reader {
     db: NonNull<ffi::sqlite3>,
     stmts: Statements,
@@ -354,7 +352,8 @@ pub struct Reader {
 unsafe impl Send for Reader {}
 
 impl Reader {
-    pub fn open(path: &std::path::Path) -> Result<Reader> {
+    /// Opens `path` read-only; a lock held elsewhere is waited for up to `busy`.
+    pub fn open(path: &std::path::Path, busy: std::time::Duration) -> Result<Reader> {
         use std::os::unix::ffi::OsStrExt;
         let name = std::ffi::CString::new(path.as_os_str().as_bytes())
             .map_err(|_| StoreError::Conflict("a database path with a NUL byte".into()))?;
@@ -380,6 +379,9 @@ impl Reader {
             unsafe { ffi::sqlite3_close(db.as_ptr()) };
             return Err(e);
         }
+        let busy = c_int::try_from(busy.as_millis()).unwrap_or(c_int::MAX);
+        // SAFETY: the connection just opened; it has no statements yet.
+        unsafe { ffi::sqlite3_busy_timeout(db.as_ptr(), busy) };
         Ok(Reader {
             db,
             stmts: Statements::new(db.as_ptr()),

@@ -1,5 +1,6 @@
-//! The request path's own SQLite readers (`raw::Reader`): a few read-only connections
-//! reused on the callers' threads, opened when first needed.
+//! The request path's own SQLite readers (`raw::Reader`): a few read-only connections,
+//! reused, opened when first needed, with the pools' busy timeout. Callers run them on a
+//! blocking thread (`store::cache::budget_remaining`).
 
 use std::path::PathBuf;
 
@@ -42,7 +43,7 @@ impl Readers {
         };
         let mut reader = match idle {
             Some(r) => r,
-            None => Reader::open(&self.path)?,
+            None => Reader::open(&self.path, super::BUSY_TIMEOUT)?,
         };
         let out = read(&mut reader.conn())?;
         if let Some(idle) = self.idle.lock().as_mut().filter(|i| i.len() < KEPT) {

@@ -121,9 +121,9 @@ async fn no_sqlite_pool_pings_before_each_use() {
     );
 }
 
-/// A cache hit's budget read runs on the caller's thread (`store::readers`), not through
-/// the read pool: reads holding every pooled connection (exports, reports) do not hold it
-/// up. Through the pool it waited for a connection, up to the pool's 30 s.
+/// A cache hit's budget read runs on a reader of the store's own (`store::readers`), not
+/// through the read pool: reads holding every pooled connection (exports, reports) do not
+/// hold it up. Through the pool it waited for a connection, up to the pool's 30 s.
 // On two threads, the read spawned: a read that blocked its thread would still be timed out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hits_budget_read_waits_for_no_pooled_connection() {
@@ -158,4 +158,54 @@ async fn closing_the_database_closes_its_readers() {
     db.close().await;
     let after = super::cache::budget_remaining(&db, &owner, now).await;
     assert!(after.is_err(), "a reader outlived the close: {after:?}");
+}
+
+/// A hit's budget read that SQLite holds in its WAL read retry — which sleeps between
+/// tries whatever the busy timeout, up to ~10 s, while another process holds the read-mark
+/// locks (another gateway on the file, a tool) — holds no worker: the worker's other
+/// requests go on. On the worker's own thread it held the whole runtime (s40 final attack
+/// F1). The other process: a child holding the `-shm` read-mark bytes (123–127) for 1.5 s.
+#[tokio::test]
+async fn a_budget_read_sqlite_holds_in_its_wal_retry_holds_no_worker() {
+    let (dir, db, owner) = super::writer_test::setup(5_000_000).await;
+    let shm = dir.path().join("t.db-shm");
+    let mut child = tokio::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import fcntl, os, sys, time\n\
+             fd = os.open(sys.argv[1], os.O_RDWR)\n\
+             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 5, 123, 0)\n\
+             print('locked', flush=True)\n\
+             time.sleep(1.5)\n",
+        )
+        .arg(&shm)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = tokio::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line)
+        .await
+        .unwrap();
+    assert_eq!(line.trim(), "locked");
+    // On this test's one thread: a read that held it would stall the ticks.
+    let started = std::time::Instant::now();
+    let ticks = tokio::spawn(async move {
+        for _ in 0..10 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        started.elapsed()
+    });
+    let read = super::cache::budget_remaining(&db, &owner, chrono::Utc::now()).await;
+    let ticked = ticks.await.unwrap();
+    assert!(
+        ticked < Duration::from_millis(700),
+        "the worker was held {ticked:?}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(700),
+        "the lock held no read"
+    );
+    assert_eq!(read.unwrap(), Some(5_000_000), "read once the lock went");
+    child.wait().await.unwrap();
 }
