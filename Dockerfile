@@ -7,6 +7,7 @@ COPY src src
 COPY migrations migrations
 COPY templates templates
 COPY static static
+COPY link link
 RUN cargo build --release --locked && strip target/release/sluice
 
 FROM debian:bookworm-slim

@@ -216,6 +216,19 @@ def pct(sorted_vals: list[float], p: float) -> float:
     return sorted_vals[k]
 
 
+def code_order(binary: Path) -> str:
+    """How many of `link/code-order.txt`'s functions the binary has (`build.rs` lays them
+    out first): a list gone stale as the code moved packs less (`scripts/code-order.py`)."""
+    listed = REPO_ROOT / "link" / "code-order.txt"
+    try:
+        names = set(listed.read_text().split())
+        out = subprocess.run(["nm", "--defined-only", str(binary)], capture_output=True, text=True).stdout
+    except OSError:
+        return "unknown"
+    have = {p[2] for p in (line.split() for line in out.splitlines()) if len(p) >= 3}
+    return f"{len(names & have)} of {len(names)} listed functions in the binary"
+
+
 def git_rev() -> str:
     try:
         rev = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"],
@@ -1010,6 +1023,7 @@ def main() -> int:
             "request_body_bytes": len(json.dumps(BODY, separators=(",", ":")).replace("{n}", "1" * 10)),
             "mock_text_bytes": len(MOCK_TEXT),
             "redis": shutil.which("redis-server") is not None,
+            "code_order": code_order(rig.bin),
             "synchronous": args.synchronous,
             "gateway": "workers = 1, [queue] max_in_flight = max_depth = 4096, cache mode all "
                        "(cache and all steps), redis window store (window step and above)",
