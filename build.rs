@@ -10,41 +10,64 @@ fn main() {
     }
     println!("cargo:rerun-if-changed=link/code-order.txt");
     let order = concat!(env!("CARGO_MANIFEST_DIR"), "/link/code-order.txt");
-    if links_with_lld() && std::path::Path::new(order).exists() {
+    if std::path::Path::new(order).exists() && linker_reads_symbol_order(order) {
         // The code a gateway runs laid out together, hottest first (`link/code-order.txt`,
         // made by `scripts/code-order.py`): the kernel maps a binary's code 64 KiB around
         // each page a process runs, and start-up and the request path ran code spread over
         // most of the binary — 16 of its 22 MB resident idle, 7 MB so (issue 21 item 2,
-        // idle RSS). A name the build no longer has is skipped, silently.
-        println!("cargo:rustc-link-arg-bins=-Wl,--symbol-ordering-file={order}");
-        println!("cargo:rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
+        // idle RSS). A name the build no longer has is skipped, silently. `-Xlinker` keeps
+        // the path one argument whatever it holds (`-Wl,` would split it at a comma).
+        for arg in symbol_order_args(order) {
+            println!("cargo:rustc-link-arg-bins={arg}");
+        }
+        // For `files::the_binarys_code_is_laid_out_in_the_order_of_the_list`.
+        println!("cargo:rustc-env=SLUICE_CODE_ORDER={order}");
     }
 }
 
-/// Whether the binaries link with LLD, which reads a symbol ordering file: Rust's own
-/// `rust-lld` is the default linker of `x86_64-unknown-linux-gnu` since Rust 1.90, unless
-/// the build names another linker or linker flavour.
-fn links_with_lld() -> bool {
+fn symbol_order_args(order: &str) -> [String; 4] {
+    [
+        "-Xlinker".into(),
+        format!("--symbol-ordering-file={order}"),
+        "-Xlinker".into(),
+        "--no-warn-symbol-ordering".into(),
+    ]
+}
+
+/// Whether the linker the binaries will be linked with reads a symbol ordering file (LLD
+/// does — Rust's own `rust-lld` is the default of `x86_64-unknown-linux-gnu` in rustup's
+/// toolchains since 1.90 — GNU ld and mold do not, and a distribution's rustc may link with
+/// GNU ld): a throwaway `fn main() {}` is linked with the build's compiler, target, flags
+/// and linker, and the arguments. Its failure, whatever the reason, leaves them out.
+fn linker_reads_symbol_order(order: &str) -> bool {
     let var = |k| std::env::var(k).unwrap_or_default();
-    let flags = var("CARGO_ENCODED_RUSTFLAGS");
-    let rustc = std::process::Command::new(var("RUSTC"))
-        .arg("--version")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    // `rustc 1.95.0 (…)`
-    let minor = rustc
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.strip_prefix("1."))
-        .and_then(|v| v.split('.').next())
-        .and_then(|m| m.parse::<u32>().ok())
-        .unwrap_or(0);
-    var("TARGET") == "x86_64-unknown-linux-gnu"
-        && minor >= 90
-        && !flags.contains("linker")
-        && !flags.contains("link-self-contained")
-        && std::env::var_os("CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER").is_none()
+    let dir = std::path::PathBuf::from(var("OUT_DIR")).join("symbol-order-probe");
+    if std::fs::create_dir_all(&dir).is_err()
+        || std::fs::write(dir.join("probe.rs"), "fn main() {}\n").is_err()
+    {
+        return false;
+    }
+    let mut rustc = std::process::Command::new(var("RUSTC"));
+    rustc
+        .current_dir(&dir)
+        .args(["probe.rs", "--crate-type=bin", "-o", "probe", "--target"])
+        .arg(var("TARGET"))
+        .args(
+            var("CARGO_ENCODED_RUSTFLAGS")
+                .split('\x1f')
+                .filter(|f| !f.is_empty()),
+        );
+    if let Ok(linker) = std::env::var("RUSTC_LINKER") {
+        rustc.arg(format!("-Clinker={linker}"));
+    }
+    for arg in symbol_order_args(order) {
+        rustc.arg(format!("-Clink-arg={arg}"));
+    }
+    rustc
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// Whether a binary linked with packed relocations runs where this one is built for: a

@@ -25,6 +25,7 @@ import argparse
 import collections
 import os
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,14 @@ OUT = ROOT / "link" / "code-order.txt"
 CALLGRIND = ["valgrind", "--tool=callgrind", "--demangle=no", "--compress-strings=no", "--compress-pos=no"]
 
 
+def stop_slowly(gateway: subprocess.Popen | None) -> None:
+    """Stops a gateway under callgrind, which writes its profile only as the process exits
+    — ~50 times slower than natively: `overhead.py`'s 10 s before a kill would lose it."""
+    if gateway is not None and gateway.poll() is None:
+        gateway.send_signal(signal.SIGTERM)
+        gateway.wait(timeout=300)
+
+
 def record_start(binary: Path, profile: Path) -> None:
     """A bare `sluice serve` under callgrind on its embedded defaults in a new directory
     (so it migrates a new database first, as a first start does), stopped once it
@@ -55,7 +64,7 @@ def record_start(binary: Path, profile: Path) -> None:
             o.wait_http(f"http://127.0.0.1:{port}/healthz", gateway, timeout=300.0)
             time.sleep(3)  # the background work of an idle gateway
         finally:
-            o.stop(gateway)
+            stop_slowly(gateway)
 
 
 def record_traffic(profile: Path) -> None:
@@ -81,7 +90,7 @@ def record_traffic(profile: Path) -> None:
         rig.sticky(None)
         time.sleep(3)  # the background work of an idle gateway
     finally:
-        o.stop(rig.gw)  # callgrind writes its profile as the gateway exits
+        stop_slowly(rig.gw)
         rig.gw = None
         rig.close()
 
@@ -93,7 +102,8 @@ def own_costs(profile: Path, names: set[str], seen: list[str], own: collections.
     fn, after_call = None, False
     for line in profile.read_text(errors="replace").splitlines():
         if line.startswith(("fn=", "cfn=")):
-            name = line.split("=", 1)[1].strip()
+            # A recursive call's activations are named `name'2`, `name'3`…
+            name = line.split("=", 1)[1].strip().split("'")[0]
             if line.startswith("fn="):
                 fn, after_call = name, False
             if name in names and name not in own:
