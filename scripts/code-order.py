@@ -95,10 +95,10 @@ def record_traffic(profile: Path) -> None:
         rig.close()
 
 
-def own_costs(profile: Path, names: set[str], seen: list[str], own: collections.Counter) -> None:
-    """Adds the binary's functions in the profile to `seen` (in the order first seen) and
-    the instructions each ran itself to `own` (a cost line right after `calls=` is the
-    call's, not the caller's)."""
+def own_costs(profile: Path, names: set[str], own: collections.Counter) -> None:
+    """Adds the binary's functions in the profile to `own` with the instructions each ran
+    itself (a cost line right after `calls=` is the call's, not the caller's); one that ran
+    none of its own (only called others) is in it at 0."""
     fn, after_call = None, False
     for line in profile.read_text(errors="replace").splitlines():
         if line.startswith(("fn=", "cfn=")):
@@ -106,8 +106,7 @@ def own_costs(profile: Path, names: set[str], seen: list[str], own: collections.
             name = line.split("=", 1)[1].strip().split("'")[0]
             if line.startswith("fn="):
                 fn, after_call = name, False
-            if name in names and name not in own:
-                seen.append(name)
+            if name in names:
                 own[name] += 0
         elif line.startswith("calls="):
             after_call = True
@@ -123,14 +122,14 @@ def main() -> int:
     listed = subprocess.run(["nm", "--defined-only", str(binary)], capture_output=True, text=True, check=True)
     names = {p[2] for p in (line.split() for line in listed.stdout.splitlines())
              if len(p) >= 3 and p[1] in "tTwW"}
-    seen, own = [], collections.Counter()
+    own = collections.Counter()
     with tempfile.TemporaryDirectory(prefix="sluice-order-") as work:
         start, traffic = Path(work) / "start.out", Path(work) / "traffic.out"
         record_start(binary, start)
         record_traffic(traffic)
         for profile in (start, traffic):
-            own_costs(profile, names, seen, own)
-    order = sorted(seen, key=lambda n: -own[n])
+            own_costs(profile, names, own)
+    order = [name for name, _ in own.most_common()]
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text("\n".join(order) + "\n")
     print(f"{OUT.relative_to(ROOT)}: {len(order)} functions of {len(names)}")
