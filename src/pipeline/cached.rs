@@ -35,6 +35,9 @@ pub fn body(p: &Prepared, hit: &Hit) -> Option<Body> {
     )))
 }
 
+/// How long a hit waits for its budget read before it goes without the budget header.
+const BUDGET_READ_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+
 pub async fn answer(
     state: &AppState,
     p: &Prepared,
@@ -42,6 +45,7 @@ pub async fn answer(
     body: Body,
     log: &mut RequestRow,
     auth: &TokenAuth,
+    deadline: std::time::Instant,
 ) -> HttpResponse {
     log.cache = match hit.kind {
         HitKind::Exact => "hit-exact",
@@ -51,13 +55,22 @@ pub async fn answer(
     log.cache_similarity = Some(f64::from(hit.similarity));
     log.served_model = p.model.name.clone();
     log.upstream = "cache".into();
-    // A failed read only leaves the header out, as a settlement that failed does.
-    let remaining =
-        crate::store::cache::budget_remaining(&state.db, &auth.owner, state.clock.now())
-            .await
+    // A failed read only leaves the header out, as a settlement that failed does; so does
+    // one not done by `BUDGET_READ_WAIT` (or the client's deadline): SQLite can hold a read
+    // ~10 s while another process holds the WAL's read marks, and a hit is answered at once
+    // (s41 final attack F1). The read itself ends on its blocking thread.
+    let by = deadline.min(std::time::Instant::now() + BUDGET_READ_WAIT);
+    let read = crate::store::cache::budget_remaining(&state.db, &auth.owner, state.clock.now());
+    let remaining = match tokio::time::timeout_at(by.into(), read).await {
+        Ok(read) => read
             .map_err(|e| tracing::warn!(error = %e, "budget read for a cache hit failed"))
             .ok()
-            .flatten();
+            .flatten(),
+        Err(_) => {
+            tracing::warn!("budget read for a cache hit not done in time: header left out");
+            None
+        }
+    };
     // The replayed answer was built without what its route dropped, and the hit cannot
     // tell which route served it: what any of them would drop, as a queued stream says.
     let candidates = super::attempts::candidates(state, p);

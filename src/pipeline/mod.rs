@@ -373,7 +373,7 @@ async fn run(
                 span.set("sluice.cache", "hit");
                 drop(span);
                 state.cache.record_hit(&hit.entry.key);
-                let resp = cached::answer(state, &prepared, &hit, body, log, &auth).await;
+                let resp = cached::answer(state, &prepared, &hit, body, log, &auth, deadline).await;
                 return Ok(Reply::Done(resp));
             }
         }

@@ -1264,3 +1264,58 @@ async fn hits_are_counted_in_batches() {
         .unwrap();
     assert_eq!(hits, 40);
 }
+
+/// A hit's budget header is given at once or not at all: a budget read SQLite holds — its
+/// WAL read retry sleeps, up to ~10 s, while another process holds the read-mark locks (a
+/// second gateway on the file, a tool) — leaves the header out and the answer goes,
+/// "answered at once" (s41 final attack F1: the hit waited for the read, past the client's
+/// deadline). The other process: a child holding the `-shm` read-mark bytes (123–127) for
+/// 3 s.
+#[tokio::test]
+async fn a_hit_whose_budget_read_is_held_goes_without_the_budget_header() {
+    let app = spawn_app().await;
+    let (_, token) = app.token("held", Some("5")).await;
+    let q = question("WVWZZZ1JZXW000042");
+    ask(&app, &token, &q).await;
+    app.wait_for_cache_entries(1).await;
+    let shm = app.dir.path().join("sluice.db-shm");
+    let mut child = tokio::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import fcntl, os, sys, time\n\
+             fd = os.open(sys.argv[1], os.O_RDWR)\n\
+             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 5, 123, 0)\n\
+             print('locked', flush=True)\n\
+             time.sleep(3)\n",
+        )
+        .arg(&shm)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = tokio::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line)
+        .await
+        .unwrap();
+    assert_eq!(line.trim(), "locked");
+    let started = std::time::Instant::now();
+    let hit = app.chat(&token, &q).await;
+    let took = started.elapsed();
+    assert_eq!(hit.status(), 200);
+    assert_eq!(hit.headers()["x-sluice-cache"], "hit-exact");
+    assert!(
+        took < std::time::Duration::from_millis(1_000),
+        "the hit waited {took:?} for its budget read"
+    );
+    assert!(
+        hit.headers().get("x-sluice-budget-remaining-usd").is_none(),
+        "a header the read could not give in time"
+    );
+    child.wait().await.unwrap();
+    // Once the lock went, the header is back.
+    let again = app.chat(&token, &q).await;
+    assert!(again
+        .headers()
+        .get("x-sluice-budget-remaining-usd")
+        .is_some());
+}
