@@ -169,25 +169,7 @@ async fn closing_the_database_closes_its_readers() {
 async fn a_budget_read_sqlite_holds_in_its_wal_retry_holds_no_worker() {
     let (dir, db, owner) = super::writer_test::setup(5_000_000).await;
     let shm = dir.path().join("t.db-shm");
-    let mut child = tokio::process::Command::new("python3")
-        .arg("-c")
-        .arg(
-            "import fcntl, os, sys, time\n\
-             fd = os.open(sys.argv[1], os.O_RDWR)\n\
-             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 5, 123, 0)\n\
-             print('locked', flush=True)\n\
-             time.sleep(1.5)\n",
-        )
-        .arg(&shm)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = tokio::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line)
-        .await
-        .unwrap();
-    assert_eq!(line.trim(), "locked");
+    let mut child = hold_read_marks(&shm, 1.5).await;
     // On this test's one thread: a read that held it would stall the ticks.
     let started = std::time::Instant::now();
     let ticks = tokio::spawn(async move {
@@ -208,4 +190,27 @@ async fn a_budget_read_sqlite_holds_in_its_wal_retry_holds_no_worker() {
     );
     assert_eq!(read.unwrap(), Some(5_000_000), "read once the lock went");
     child.wait().await.unwrap();
+}
+
+/// A child process holding `shm`'s read marks for `seconds` (`tests/support/
+/// hold_read_marks.py`), returned once it holds them.
+async fn hold_read_marks(shm: &std::path::Path, seconds: f64) -> tokio::process::Child {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/support/hold_read_marks.py"
+    );
+    let mut child = tokio::process::Command::new("python3")
+        .arg(script)
+        .arg(shm)
+        .arg(seconds.to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    let mut out = tokio::io::BufReader::new(child.stdout.take().expect("piped"));
+    let mut line = String::new();
+    tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line)
+        .await
+        .expect("the child's first line");
+    assert_eq!(line.trim(), "locked");
+    child
 }

@@ -1265,12 +1265,15 @@ async fn hits_are_counted_in_batches() {
     assert_eq!(hits, 40);
 }
 
-/// A hit's budget header is given at once or not at all: a budget read SQLite holds — its
-/// WAL read retry sleeps, up to ~10 s, while another process holds the read-mark locks (a
-/// second gateway on the file, a tool) — leaves the header out and the answer goes,
-/// "answered at once" (s41 final attack F1: the hit waited for the read, past the client's
-/// deadline). The other process: a child holding the `-shm` read-mark bytes (123–127) for
-/// 3 s.
+/// A hit's budget header is given at once or not at all: a budget read the store holds
+/// leaves the header out and the answer goes, "answered at once" (s41 final attack F1: the
+/// hit waited for the read, past the client's deadline). What holds it, per engine: on
+/// SQLite another process holding the `-shm` read-mark bytes — the WAL read retry sleeps,
+/// up to ~10 s, whatever the busy timeout (a second gateway on the file, a tool); on
+/// PostgreSQL a session holding `ACCESS EXCLUSIVE` on `tokens` (an `ALTER TABLE`, a
+/// `VACUUM FULL`): there 20 hits at once, more than the pool's 16 connections, all go
+/// without the header, and once the lock goes a miss is served and settled through the
+/// pool.
 #[tokio::test]
 async fn a_hit_whose_budget_read_is_held_goes_without_the_budget_header() {
     let app = spawn_app().await;
@@ -1278,26 +1281,7 @@ async fn a_hit_whose_budget_read_is_held_goes_without_the_budget_header() {
     let q = question("WVWZZZ1JZXW000042");
     ask(&app, &token, &q).await;
     app.wait_for_cache_entries(1).await;
-    let shm = app.dir.path().join("sluice.db-shm");
-    let mut child = tokio::process::Command::new("python3")
-        .arg("-c")
-        .arg(
-            "import fcntl, os, sys, time\n\
-             fd = os.open(sys.argv[1], os.O_RDWR)\n\
-             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 5, 123, 0)\n\
-             print('locked', flush=True)\n\
-             time.sleep(3)\n",
-        )
-        .arg(&shm)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = tokio::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line)
-        .await
-        .unwrap();
-    assert_eq!(line.trim(), "locked");
+    let hold = hold_the_budget_read(&app).await;
     let started = std::time::Instant::now();
     let hit = app.chat(&token, &q).await;
     let took = started.elapsed();
@@ -1311,11 +1295,81 @@ async fn a_hit_whose_budget_read_is_held_goes_without_the_budget_header() {
         hit.headers().get("x-sluice-budget-remaining-usd").is_none(),
         "a header the read could not give in time"
     );
-    child.wait().await.unwrap();
-    // Once the lock went, the header is back.
+    if matches!(hold, Hold::Postgres(_)) {
+        // At once, more than the pool has connections: the reads past them wait for one
+        // within the same bound.
+        let started = std::time::Instant::now();
+        let held = futures_util::future::join_all((0..20).map(|_| app.chat(&token, &q))).await;
+        let took = started.elapsed();
+        assert!(
+            took < std::time::Duration::from_millis(1_500),
+            "20 held hits took {took:?}"
+        );
+        for hit in held {
+            assert_eq!(hit.status(), 200);
+            assert!(hit.headers().get("x-sluice-budget-remaining-usd").is_none());
+        }
+    }
+    hold.release().await;
+    // Once the lock went, the header is back, and a miss is reserved, settled and logged.
     let again = app.chat(&token, &q).await;
     assert!(again
         .headers()
         .get("x-sluice-budget-remaining-usd")
         .is_some());
+    let miss = app.chat(&token, &question("WVWZZZ1JZXW000043")).await;
+    assert_eq!(miss.status(), 200);
+    let left = miss.headers()["x-sluice-budget-remaining-usd"]
+        .to_str()
+        .unwrap();
+    assert!(left.parse::<f64>().unwrap() < 5.0, "settled: {left}");
+}
+
+/// What holds a hit's budget read in `a_hit_whose_budget_read_is_held_goes_without_the_
+/// budget_header`: a child process holding SQLite's read marks for 3 s, or a PostgreSQL
+/// transaction holding `tokens` until released.
+enum Hold {
+    Sqlite(tokio::process::Child),
+    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+}
+
+async fn hold_the_budget_read(app: &TestApp) -> Hold {
+    let Some(pg) = app.state.db.postgres() else {
+        let shm = app.dir.path().join("sluice.db-shm");
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/support/hold_read_marks.py"
+        );
+        let mut child = tokio::process::Command::new("python3")
+            .arg(script)
+            .arg(&shm)
+            .arg("3")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = tokio::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line)
+            .await
+            .unwrap();
+        assert_eq!(line.trim(), "locked");
+        return Hold::Sqlite(child);
+    };
+    let mut tx = pg.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE tokens IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    Hold::Postgres(tx)
+}
+
+impl Hold {
+    async fn release(self) {
+        match self {
+            Self::Sqlite(mut child) => {
+                child.wait().await.unwrap();
+            }
+            Self::Postgres(tx) => tx.rollback().await.unwrap(),
+        }
+    }
 }
