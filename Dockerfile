@@ -8,6 +8,7 @@ COPY migrations migrations
 COPY templates templates
 COPY static static
 COPY link link
+COPY .cargo .cargo
 RUN cargo build --release --locked && strip target/release/sluice
 
 FROM debian:bookworm-slim

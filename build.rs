@@ -26,10 +26,11 @@ fn main() {
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    let order = concat!(env!("CARGO_MANIFEST_DIR"), "/link/code-order.txt");
-    if !std::path::Path::new(order).exists() {
+    let list = concat!(env!("CARGO_MANIFEST_DIR"), "/link/code-order.txt");
+    let Some(order) = order_for_the_linker(list) else {
         return;
-    }
+    };
+    let order = order.as_str();
     if linker_reads_symbol_order(order) {
         // The code a gateway runs laid out together, hottest first (`link/code-order.txt`,
         // made by `scripts/code-order.py`): the kernel maps a binary's code 64 KiB around
@@ -50,6 +51,70 @@ fn main() {
              (the idle gateway holds ~9 MB more code; LLD reads it)"
         );
     }
+}
+
+/// The most codegen units a crate's code is split into that the list allows for: the
+/// `release` profile has 4 (numbered 0-3); a profile without the setting has Cargo's 16,
+/// which rustc numbers with two digits (00-15).
+const CODEGEN_UNITS: usize = 16;
+
+/// The list as the linker gets it, written to `OUT_DIR`: a function ThinLTO exported from
+/// its codegen unit is named for that unit (`name.llvm.<crate>_<hash>_cgu_<k>`,
+/// `.cargo/config.toml`), and which unit a function lands in moves as the code around it
+/// changes — one commit of three files moved ~300 of the list's names — so each such name
+/// is listed under every unit's number (of the same width) and bare (not exported), at its
+/// own rank; only one of them is in a binary. `bench/overhead.py` (`linked_forms`) counts
+/// the list's names in a binary by the same forms. `None` when there is no list.
+fn order_for_the_linker(list: &str) -> Option<String> {
+    if !std::path::Path::new(list).exists() {
+        return None;
+    }
+    let written = std::fs::read_to_string(list).and_then(|names| {
+        let path = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap_or_default())
+            .join("code-order.txt");
+        std::fs::write(&path, linked_forms(&names))?;
+        Ok(path)
+    });
+    match written.map(std::path::PathBuf::into_os_string) {
+        Ok(path) => path.into_string().ok(),
+        Err(e) => {
+            println!("cargo:warning=link/code-order.txt left out: {e}");
+            None
+        }
+    }
+}
+
+/// Every name of `names` (one a line) in the forms the linker may meet it in, at its rank.
+fn linked_forms(names: &str) -> String {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = String::with_capacity(names.len() * 4);
+    let mut add = |name: &str, out: &mut String| {
+        if seen.insert(name.to_string()) {
+            out.push_str(name);
+            out.push('\n');
+        }
+    };
+    for name in names.lines().map(str::trim).filter(|n| !n.is_empty()) {
+        add(name, &mut out);
+        let Some((bare, unit)) = name.split_once(".llvm.") else {
+            continue;
+        };
+        add(bare, &mut out);
+        let Some((module, k)) = unit.rsplit_once("_cgu_") else {
+            continue;
+        };
+        if k.is_empty() || !k.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let width = k.len();
+        let units = 10usize
+            .checked_pow(width as u32)
+            .map_or(CODEGEN_UNITS, |n| n.min(CODEGEN_UNITS));
+        for i in 0..units {
+            add(&format!("{bare}.llvm.{module}_cgu_{i:0width$}"), &mut out);
+        }
+    }
+    out
 }
 
 fn symbol_order_args(order: &str) -> [String; 4] {

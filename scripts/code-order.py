@@ -6,8 +6,11 @@ The kernel maps a binary's code 64 KiB around each page a process runs, and star
 the request path run code spread over most of the binary: laid out together, the pages
 they touch are few (issue 21 item 2, idle RSS; docs/PERFORMANCE.md, "Streams and
 memory"). Not part of any test; run it after a change that moves much code (a new
-dependency, a toolchain update) — a name the build no longer has is skipped by the
-linker, so a stale list only packs less.
+dependency, a toolchain update, many edits) — a name the build no longer has is skipped
+by the linker, so a stale list only packs less. The names ThinLTO exports carry their
+module's source name, not its hash (`.cargo/config.toml`), and `build.rs` lists them under
+every codegen unit, so an ordinary commit leaves most of the list matching
+(`bench/overhead.py` warns under 95 %).
 
     cargo build --release --locked --bins --examples
     python3 scripts/code-order.py          # ~1 minute; needs valgrind and nm (binutils)

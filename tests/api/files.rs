@@ -542,6 +542,10 @@ fn the_images_build_stage_copies_everything_the_build_reads() {
     if std::path::Path::new(&format!("{root}/link/code-order.txt")).exists() {
         read.push("link");
     }
+    // Cargo's own configuration: the flags that keep that order's names stable.
+    if std::path::Path::new(&format!("{root}/.cargo/config.toml")).exists() {
+        read.push(".cargo");
+    }
     for part in read {
         assert!(
             copied.contains(&part),
