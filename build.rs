@@ -69,14 +69,11 @@ fn order_for_the_linker(list: &str) -> Option<String> {
     if !std::path::Path::new(list).exists() {
         return None;
     }
-    let written = std::fs::read_to_string(list).and_then(|names| {
-        let path = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap_or_default())
-            .join("code-order.txt");
-        std::fs::write(&path, linked_forms(&names))?;
-        Ok(path)
-    });
-    match written.map(std::path::PathBuf::into_os_string) {
-        Ok(path) => path.into_string().ok(),
+    let path = format!("{}/code-order.txt", std::env::var("OUT_DIR").ok()?);
+    match std::fs::read_to_string(list)
+        .and_then(|names| std::fs::write(&path, linked_forms(&names)))
+    {
+        Ok(()) => Some(path),
         Err(e) => {
             println!("cargo:warning=link/code-order.txt left out: {e}");
             None

@@ -584,6 +584,41 @@ fn the_binary_is_linked_with_packed_relocations_where_glibc_runs_them() {
     );
 }
 
+/// The list the linker gets (`build.rs`, `OUT_DIR/code-order.txt`) is `link/code-order.txt`
+/// with each function ThinLTO exported also under every codegen unit's number and bare, in
+/// the list's order — the forms `bench/overhead.py` counts a binary's names by
+/// (`linked_forms`): the two agree name for name, and the list has exported names to expand.
+#[test]
+fn the_linkers_list_is_the_code_order_under_every_codegen_unit() {
+    let Some(linked) = option_env!("SLUICE_CODE_ORDER") else {
+        return;
+    };
+    let root = env!("CARGO_MANIFEST_DIR");
+    let listed = std::fs::read_to_string(format!("{root}/link/code-order.txt")).unwrap();
+    let exported = listed.lines().filter(|n| n.contains(".llvm.")).count();
+    assert!(exported >= 100, "{exported} exported names in the list");
+    let expected = std::process::Command::new("python3")
+        .current_dir(format!("{root}/bench"))
+        .args([
+            "-c",
+            "import overhead, sys\n\
+             seen = set()\n\
+             for name in open(sys.argv[1]).read().split():\n\
+             \x20   for form in overhead.linked_forms(name):\n\
+             \x20       if form not in seen:\n\
+             \x20           seen.add(form)\n\
+             \x20           print(form)\n",
+        ])
+        .arg(format!("{root}/link/code-order.txt"))
+        .output()
+        .expect("python3 runs");
+    assert!(expected.status.success(), "{expected:?}");
+    let linked = std::fs::read_to_string(linked).unwrap();
+    let expected = String::from_utf8(expected.stdout).unwrap();
+    assert!(linked.lines().count() > listed.lines().count() + 9 * exported);
+    assert_eq!(linked, expected);
+}
+
 /// Where its linker reads a symbol ordering file (`build.rs` probes it: LLD, the default of
 /// rustup's `x86_64-unknown-linux-gnu` toolchains), the gateway's binary lays its code out
 /// in the order of `link/code-order.txt`: the functions a gateway runs together at the
