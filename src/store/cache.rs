@@ -371,40 +371,69 @@ pub async fn budget_remaining(
     owner: &super::ledger::Owner,
     now: DateTime<Utc>,
 ) -> Result<Option<i64>> {
-    let sqlite = match &db.backend {
-        super::Backend::Sqlite(sqlite) => sqlite,
+    // A slot first, held by the read itself until it ends — not by this future, which the
+    // hit stops waiting on after `pipeline::cached::BUDGET_READ_WAIT`: a read the store
+    // holds keeps its thread and connection until the store lets go, and past the slots
+    // the others wait their turn (within the hit's bound) instead of piling up threads and
+    // connections behind the lock — or, on PostgreSQL, every pooled connection behind a
+    // `LOCK` until the sessions' `lock_timeout` (s42 final attack F1, F2).
+    let slot = db
+        .budget_reads
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| super::StoreError::Sql(sqlx::Error::PoolClosed))?;
+    let rows = match &db.backend {
         super::Backend::Postgres(pg) => {
-            return super::pg::cache::budget_remaining(&pg.pool, owner, now).await
+            let (pool, ids) = (pg.pool.clone(), owner.clone());
+            tokio::spawn(async move {
+                let _slot = slot;
+                super::pg::cache::budget_rows(&pool, &ids).await
+            })
+            .await
         }
-    };
-    // Three rows by their keys, on a reader of the store's own (`readers`), in one hop to a
-    // blocking thread: through the read pool it went to the connection's worker thread and
-    // back, and once more for the connection's return, and waited behind reads holding
-    // every pooled connection. Not on the worker's thread: SQLite's WAL read retry sleeps,
-    // up to ~10 s, while another process holds the read marks, and would hold every
-    // request of the worker (s40 final attack F1; docs/DESIGN.md "Store").
-    let readers = sqlite.readers.clone();
-    let ids = [owner.token_id, owner.user_id, owner.team_id];
-    let rows = tokio::task::spawn_blocking(move || {
-        let mut rows = Vec::with_capacity(3);
-        readers.read(|conn| {
-            conn.query_rows(
-                "SELECT 0, limit_micros, remaining_micros, period FROM tokens WHERE id = ?1
-                 UNION ALL SELECT 1, limit_micros, remaining_micros, period FROM users WHERE id = ?2
-                 UNION ALL SELECT 2, limit_micros, remaining_micros, period FROM teams WHERE id = ?3",
-                &[ids[0].into(), ids[1].into(), ids[2].into()],
-                |r| {
-                    if let Some(level) = r.int(0) {
-                        rows.push((level, r.int(1), r.int(2), r.text(3).unwrap_or_default()));
-                    }
-                },
-            )
-        })?;
-        Ok::<_, super::StoreError>(rows)
-    })
-    .await
+        // Three rows by their keys, on a reader of the store's own (`readers`), in one hop
+        // to a blocking thread: through the read pool it went to the connection's worker
+        // thread and back, and once more for the connection's return, and waited behind
+        // reads holding every pooled connection. Not on the worker's thread: SQLite's WAL
+        // read retry sleeps, up to ~10 s, while another process holds the read marks, and
+        // would hold every request of the worker (s40 final attack F1; docs/DESIGN.md
+        // "Store").
+        super::Backend::Sqlite(sqlite) => {
+            let readers = sqlite.readers.clone();
+            let ids = [owner.token_id, owner.user_id, owner.team_id];
+            tokio::task::spawn_blocking(move || {
+                let _slot = slot;
+                let mut rows = Vec::with_capacity(3);
+                readers.read(|conn| {
+                    conn.query_rows(
+                        "SELECT 0, limit_micros, remaining_micros, period FROM tokens WHERE id = ?1
+                         UNION ALL SELECT 1, limit_micros, remaining_micros, period FROM users WHERE id = ?2
+                         UNION ALL SELECT 2, limit_micros, remaining_micros, period FROM teams WHERE id = ?3",
+                        &[ids[0].into(), ids[1].into(), ids[2].into()],
+                        |r| {
+                            if let Some(level) = r.int(0) {
+                                rows.push((level, r.int(1), r.int(2), r.text(3).unwrap_or_default()));
+                            }
+                        },
+                    )
+                })?;
+                Ok::<_, super::StoreError>(rows)
+            })
+            .await
+        }
+    }
     .map_err(|e| super::StoreError::Conflict(format!("the budget read did not finish: {e}")))??;
     Ok(tightest(rows, owner, now))
+}
+
+/// Cache hits' budget reads in flight at most (`budget_remaining`), on either engine: four
+/// keep up with hits (a read is three rows by key) and leave the PostgreSQL pool's 16
+/// connections to the rest while a `LOCK` holds the reads.
+const MOST_BUDGET_READS: usize = 4;
+
+pub(super) fn budget_read_slots() -> std::sync::Arc<tokio::sync::Semaphore> {
+    std::sync::Arc::new(tokio::sync::Semaphore::new(MOST_BUDGET_READS))
 }
 
 /// The tightest of the (level, limit, remaining, period) rows `budget_remaining` reads, on

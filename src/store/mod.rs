@@ -157,6 +157,8 @@ pub struct Db {
     pub audit: Arc<audit::AuditKeys>,
     /// Seals and opens the upstream keys stored here (`managed`).
     pub seal: Arc<crate::secrets::seal::Sealer>,
+    /// Slots for cache hits' budget reads (`cache::budget_remaining`).
+    budget_reads: Arc<tokio::sync::Semaphore>,
 }
 
 #[derive(Clone, Debug)]
@@ -322,6 +324,7 @@ impl Db {
             backend: Backend::Postgres(pg),
             audit: keys,
             seal: Arc::new(crate::secrets::seal::Sealer::new(key)),
+            budget_reads: cache::budget_read_slots(),
         })
     }
 
@@ -400,6 +403,7 @@ impl Db {
             }),
             audit: keys,
             seal,
+            budget_reads: cache::budget_read_slots(),
         })
     }
 

@@ -192,6 +192,32 @@ async fn a_budget_read_sqlite_holds_in_its_wal_retry_holds_no_worker() {
     child.wait().await.unwrap();
 }
 
+/// Budget reads past the most in flight wait their turn, not fail: 17 reads while another
+/// process holds the read marks 1 s all give the budget once it lets go (s42 final attack
+/// F1: past 16 in flight a read failed at once, and under an ordinary burst of hits — no
+/// lock held — the hits past 16 lost their budget header).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budget_reads_past_the_most_in_flight_wait_their_turn() {
+    let (dir, db, owner) = super::writer_test::setup(5_000_000).await;
+    let db = std::sync::Arc::new(db);
+    let mut child = hold_read_marks(&dir.path().join("t.db-shm"), 1.0).await;
+    let reads: Vec<_> = (0..17)
+        .map(|_| {
+            let (db, owner) = (db.clone(), owner.clone());
+            tokio::spawn(async move {
+                super::cache::budget_remaining(&db, &owner, chrono::Utc::now()).await
+            })
+        })
+        .collect();
+    // Meanwhile the held reads take every slot, and no more threads than those.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(db.budget_reads.available_permits(), 0);
+    for read in reads {
+        assert_eq!(read.await.unwrap().unwrap(), Some(5_000_000));
+    }
+    child.wait().await.unwrap();
+}
+
 /// A child process holding `shm`'s read marks for `seconds` (`tests/support/
 /// hold_read_marks.py`), returned once it holds them.
 async fn hold_read_marks(shm: &std::path::Path, seconds: f64) -> tokio::process::Child {

@@ -1309,6 +1309,15 @@ async fn a_hit_whose_budget_read_is_held_goes_without_the_budget_header() {
             assert_eq!(hit.status(), 200);
             assert!(hit.headers().get("x-sluice-budget-remaining-usd").is_none());
         }
+        // The reads given up on hold a few connections, not the pool (s42 final attack F2:
+        // each kept one until the sessions' 2 s `lock_timeout`, and 15 of them left none).
+        let pool = &app.state.db.postgres().unwrap().pool;
+        let free =
+            tokio::time::timeout(std::time::Duration::from_millis(500), pool.acquire()).await;
+        assert!(
+            matches!(free, Ok(Ok(_))),
+            "a connection while the hits' reads are held"
+        );
     }
     hold.release().await;
     // Once the lock went, the header is back, and a miss is reserved, settled and logged.

@@ -246,14 +246,13 @@ pub async fn count_hits_tx(conn: &mut PgConnection, keys: &[[u8; 32]]) -> Result
     Ok(())
 }
 
-/// The tightest remaining budget of a token, its user and its team (as
-/// `store::cache::budget_remaining`).
-pub async fn budget_remaining(
+/// The budget rows of a token, its user and its team, for `store::cache::budget_remaining`
+/// (which picks the tightest).
+pub async fn budget_rows(
     pool: &PgPool,
     owner: &Owner,
-    now: DateTime<Utc>,
-) -> Result<Option<i64>> {
-    let rows: Vec<(i64, Option<i64>, Option<i64>, String)> = sqlx::query_as(
+) -> Result<Vec<(i64, Option<i64>, Option<i64>, String)>> {
+    let rows = sqlx::query_as(
         "SELECT 0::BIGINT, limit_micros, remaining_micros, period FROM tokens WHERE id = $1
          UNION ALL SELECT 1::BIGINT, limit_micros, remaining_micros, period FROM users WHERE id = $2
          UNION ALL SELECT 2::BIGINT, limit_micros, remaining_micros, period FROM teams WHERE id = $3",
@@ -263,5 +262,5 @@ pub async fn budget_remaining(
     .bind(owner.team_id)
     .fetch_all(pool)
     .await?;
-    Ok(crate::store::cache::tightest(rows, owner, now))
+    Ok(rows)
 }
