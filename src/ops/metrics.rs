@@ -29,6 +29,7 @@ pub const PASSWORD_BUSY: &str = "gateway_password_hashing_busy_total";
 pub const TRANSLATION_DROPPED: &str = "gateway_translation_dropped_total";
 pub const CATALOG_STALE: &str = "gateway_catalog_stale";
 pub const SERVED_TIER: &str = "gateway_upstream_service_tier_total";
+pub const CACHE_BUDGET_LEFT_OUT: &str = "gateway_cache_hit_budget_header_left_out_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0,
@@ -114,6 +115,10 @@ fn describe() {
         "Answers an OpenAI or Anthropic upstream says it served at a service tier other than the standard one the ledger prices (billed apart), by upstream and tier."
     );
     describe_counter!(
+        CACHE_BUDGET_LEFT_OUT,
+        "Cache hits answered without x-sluice-budget-remaining-usd because their budget read failed (failed) or was not done within its bound (late)."
+    );
+    describe_counter!(
         crate::ops::traces::SPANS_DROPPED,
         "Trace spans never delivered to the OTLP collector, by reason: queue_full (the export queue was full) or export_failed."
     );
@@ -176,6 +181,11 @@ pub fn served_tier(upstream: &str, tier: &'static str) {
 
 pub fn catalog_stale(stale: bool) {
     gauge!(CATALOG_STALE).set(if stale { 1.0 } else { 0.0 });
+}
+
+/// A cache hit answered without its budget header; `reason` is `failed` or `late`.
+pub fn cache_budget_left_out(reason: &'static str) {
+    counter!(CACHE_BUDGET_LEFT_OUT, "reason" => reason).increment(1);
 }
 
 pub fn alert(kind: &'static str) {

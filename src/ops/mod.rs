@@ -12,3 +12,4 @@ pub mod reload;
 pub mod request_log;
 pub mod rotate;
 pub mod traces;
+pub mod warn_gate;

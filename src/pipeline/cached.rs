@@ -12,8 +12,11 @@ use super::request::Prepared;
 use super::respond;
 use crate::auth::TokenAuth;
 use crate::cache::{replay, Hit, HitKind};
+use crate::ops::metrics;
+use crate::ops::warn_gate::WarnGate;
 use crate::state::AppState;
 use crate::store::requests::RequestRow;
+use crate::store::StoreError;
 
 /// What a hit answers: its stored text whole, or replayed as SSE for a stream.
 pub enum Body {
@@ -38,6 +41,23 @@ pub fn body(p: &Prepared, hit: &Hit) -> Option<Body> {
 /// How long a hit waits for its budget read before it goes without the budget header.
 const BUDGET_READ_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
 
+/// Hits without their budget header are logged at most once per this while: a store that
+/// holds the reads holds every hit's (see `ops::warn_gate`).
+static LEFT_OUT: WarnGate = WarnGate::new(std::time::Duration::from_secs(10));
+
+/// A hit goes without its budget header: counted each time, logged through `LEFT_OUT`.
+fn header_left_out(e: &StoreError) {
+    let late = matches!(e, StoreError::NotInTime(_));
+    metrics::cache_budget_left_out(if late { "late" } else { "failed" });
+    if let Some(like_it) = LEFT_OUT.admit() {
+        tracing::warn!(
+            error = %e,
+            left_out_since_the_last_line = like_it,
+            "a cache hit went without its budget header"
+        );
+    }
+}
+
 pub async fn answer(
     state: &AppState,
     p: &Prepared,
@@ -60,17 +80,11 @@ pub async fn answer(
     // ~10 s while another process holds the WAL's read marks, and a hit is answered at once
     // (s41 final attack F1). The read itself ends on its blocking thread.
     let by = deadline.min(std::time::Instant::now() + BUDGET_READ_WAIT);
-    let read = crate::store::cache::budget_remaining(&state.db, &auth.owner, state.clock.now());
-    let remaining = match tokio::time::timeout_at(by.into(), read).await {
-        Ok(read) => read
-            .map_err(|e| tracing::warn!(error = %e, "budget read for a cache hit failed"))
-            .ok()
-            .flatten(),
-        Err(_) => {
-            tracing::warn!("budget read for a cache hit not done in time: header left out");
-            None
-        }
-    };
+    let read = crate::store::cache::budget_remaining(&state.db, &auth.owner, state.clock.now(), by);
+    let remaining = read.await.unwrap_or_else(|e| {
+        header_left_out(&e);
+        None
+    });
     // The replayed answer was built without what its route dropped, and the hit cannot
     // tell which route served it: what any of them would drop, as a queued stream says.
     let candidates = super::attempts::candidates(state, p);

@@ -366,24 +366,42 @@ pub(super) fn tally(keys: &[[u8; 32]]) -> Vec<([u8; 32], i64)> {
 /// stands; `None` when no level has a limit). A level whose period has passed but was not
 /// rolled over yet (`Reset::place`, as the CAS and `ledger::balance` place it) reads as its
 /// full limit. Read-only: the balances are the ledger's, never written here.
+///
+/// Given up at `by` (`StoreError::NotInTime`), and not begun when `by` has passed: a read
+/// begun then was given up on at once yet held a slot, and its thread, until the store let
+/// go (s42 final attack F4: a client deadline spent on the lookup).
 pub async fn budget_remaining(
     db: &super::Db,
     owner: &super::ledger::Owner,
     now: DateTime<Utc>,
+    by: std::time::Instant,
 ) -> Result<Option<i64>> {
+    const WHAT: &str = "a cache hit's budget read";
+    if by <= std::time::Instant::now() {
+        return Err(super::StoreError::NotInTime(WHAT));
+    }
+    tokio::time::timeout_at(by.into(), budget_rows(db, owner))
+        .await
+        .map_err(|_| super::StoreError::NotInTime(WHAT))?
+        .map(|rows| tightest(rows, owner, now))
+}
+
+/// The (level, limit, remaining, period) rows of `budget_remaining`, read to their end on
+/// a task or thread of their own whatever becomes of this future.
+async fn budget_rows(db: &super::Db, owner: &super::ledger::Owner) -> Result<Vec<BudgetRow>> {
     // A slot first, held by the read itself until it ends — not by this future, which the
-    // hit stops waiting on after `pipeline::cached::BUDGET_READ_WAIT`: a read the store
-    // holds keeps its thread and connection until the store lets go, and past the slots
-    // the others wait their turn (within the hit's bound) instead of piling up threads and
-    // connections behind the lock — or, on PostgreSQL, every pooled connection behind a
-    // `LOCK` until the sessions' `lock_timeout` (s42 final attack F1, F2).
+    // hit stops waiting on at its bound: a read the store holds keeps its thread and
+    // connection until the store lets go, and past the slots the others wait their turn
+    // (within the hit's bound) instead of piling up threads and connections behind the
+    // lock — or, on PostgreSQL, every pooled connection behind a `LOCK` until the
+    // sessions' `lock_timeout` (s42 final attack F1, F2).
     let slot = db
         .budget_reads
         .clone()
         .acquire_owned()
         .await
         .map_err(|_| super::StoreError::Sql(sqlx::Error::PoolClosed))?;
-    let rows = match &db.backend {
+    match &db.backend {
         super::Backend::Postgres(pg) => {
             let (pool, ids) = (pg.pool.clone(), owner.clone());
             tokio::spawn(async move {
@@ -423,8 +441,7 @@ pub async fn budget_remaining(
             .await
         }
     }
-    .map_err(|e| super::StoreError::Conflict(format!("the budget read did not finish: {e}")))??;
-    Ok(tightest(rows, owner, now))
+    .map_err(|e| super::StoreError::Conflict(format!("the budget read did not finish: {e}")))?
 }
 
 /// Cache hits' budget reads in flight at most (`budget_remaining`), on either engine: four
@@ -436,10 +453,14 @@ pub(super) fn budget_read_slots() -> std::sync::Arc<tokio::sync::Semaphore> {
     std::sync::Arc::new(tokio::sync::Semaphore::new(MOST_BUDGET_READS))
 }
 
+/// A budget row as `budget_remaining` reads it: (level — 0 token, 1 user, 2 team — limit,
+/// remaining, period).
+pub type BudgetRow = (i64, Option<i64>, Option<i64>, String);
+
 /// The tightest of the (level, limit, remaining, period) rows `budget_remaining` reads, on
 /// either engine.
 pub(super) fn tightest(
-    rows: Vec<(i64, Option<i64>, Option<i64>, String)>,
+    rows: Vec<BudgetRow>,
     owner: &super::ledger::Owner,
     now: DateTime<Utc>,
 ) -> Option<i64> {

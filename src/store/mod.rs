@@ -81,6 +81,9 @@ pub enum StoreError {
     CommitUnknown(String),
     #[error("the store writer is gone")]
     WriterGone,
+    /// An operation given a bound (a cache hit's budget read) not done within it.
+    #[error("{0} was not done in time")]
+    NotInTime(&'static str),
     #[error(transparent)]
     Secret(#[from] crate::secrets::SecretError),
     /// What this engine does not do (a file backup of a PostgreSQL database: `pg_dump`'s
@@ -118,7 +121,8 @@ impl StoreError {
             )
             | StoreError::Batch(_)
             | StoreError::CommitUnknown(_)
-            | StoreError::WriterGone => true,
+            | StoreError::WriterGone
+            | StoreError::NotInTime(_) => true,
             // SQLITE_BUSY and SQLITE_LOCKED (and their extended codes).
             StoreError::Sqlite { code, .. } => code & 0xff == 5 || code & 0xff == 6,
             StoreError::Sql(sqlx::Error::Database(db)) => {

@@ -135,7 +135,7 @@ async fn a_hits_budget_read_waits_for_no_pooled_connection() {
     }
     let read = tokio::spawn({
         let db = db.clone();
-        async move { super::cache::budget_remaining(&db, &owner, chrono::Utc::now()).await }
+        async move { super::cache::budget_remaining(&db, &owner, chrono::Utc::now(), unbounded()).await }
     });
     let read = tokio::time::timeout(Duration::from_secs(2), read)
         .await
@@ -153,10 +153,10 @@ async fn a_hits_budget_read_waits_for_no_pooled_connection() {
 async fn closing_the_database_closes_its_readers() {
     let (_dir, db, owner) = super::writer_test::setup(5_000_000).await;
     let now = chrono::Utc::now();
-    let read = super::cache::budget_remaining(&db, &owner, now).await;
+    let read = super::cache::budget_remaining(&db, &owner, now, unbounded()).await;
     assert_eq!(read.unwrap(), Some(5_000_000));
     db.close().await;
-    let after = super::cache::budget_remaining(&db, &owner, now).await;
+    let after = super::cache::budget_remaining(&db, &owner, now, unbounded()).await;
     assert!(after.is_err(), "a reader outlived the close: {after:?}");
 }
 
@@ -178,7 +178,7 @@ async fn a_budget_read_sqlite_holds_in_its_wal_retry_holds_no_worker() {
         }
         started.elapsed()
     });
-    let read = super::cache::budget_remaining(&db, &owner, chrono::Utc::now()).await;
+    let read = super::cache::budget_remaining(&db, &owner, chrono::Utc::now(), unbounded()).await;
     let ticked = ticks.await.unwrap();
     assert!(
         ticked < Duration::from_millis(700),
@@ -205,7 +205,7 @@ async fn budget_reads_past_the_most_in_flight_wait_their_turn() {
         .map(|_| {
             let (db, owner) = (db.clone(), owner.clone());
             tokio::spawn(async move {
-                super::cache::budget_remaining(&db, &owner, chrono::Utc::now()).await
+                super::cache::budget_remaining(&db, &owner, chrono::Utc::now(), unbounded()).await
             })
         })
         .collect();
@@ -216,6 +216,41 @@ async fn budget_reads_past_the_most_in_flight_wait_their_turn() {
         assert_eq!(read.await.unwrap().unwrap(), Some(5_000_000));
     }
     child.wait().await.unwrap();
+}
+
+/// A hit whose bound has passed before its budget read (a client deadline spent on the
+/// lookup) begins no read: one begun then was given up on at once, yet held a slot — and,
+/// with the read marks held, its thread — until the store let go (s42 final attack F4).
+/// A read that the store holds past its bound is given up on at the bound.
+#[tokio::test]
+async fn a_budget_read_past_its_bound_is_not_begun() {
+    let (dir, db, owner) = super::writer_test::setup(5_000_000).await;
+    let mut child = hold_read_marks(&dir.path().join("t.db-shm"), 1.0).await;
+    let now = chrono::Utc::now();
+    let passed = std::time::Instant::now();
+    let read = super::cache::budget_remaining(&db, &owner, now, passed).await;
+    assert!(
+        matches!(read, Err(super::StoreError::NotInTime(_))),
+        "{read:?}"
+    );
+    // Given time to begin, a read would hold its slot now.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(db.budget_reads.available_permits(), 4, "a read was begun");
+    let started = std::time::Instant::now();
+    let by = started + Duration::from_millis(200);
+    let read = super::cache::budget_remaining(&db, &owner, now, by).await;
+    assert!(
+        matches!(read, Err(super::StoreError::NotInTime(_))),
+        "{read:?}"
+    );
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(600), "given up after {took:?}");
+    child.wait().await.unwrap();
+}
+
+/// A bound no test reaches.
+fn unbounded() -> std::time::Instant {
+    std::time::Instant::now() + Duration::from_secs(60)
 }
 
 /// A child process holding `shm`'s read marks for `seconds` (`tests/support/

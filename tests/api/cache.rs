@@ -1281,6 +1281,7 @@ async fn a_hit_whose_budget_read_is_held_goes_without_the_budget_header() {
     let q = question("WVWZZZ1JZXW000042");
     ask(&app, &token, &q).await;
     app.wait_for_cache_entries(1).await;
+    let late_before = left_out_late(&app).await;
     let hold = hold_the_budget_read(&app).await;
     let started = std::time::Instant::now();
     let hit = app.chat(&token, &q).await;
@@ -1294,6 +1295,11 @@ async fn a_hit_whose_budget_read_is_held_goes_without_the_budget_header() {
     assert!(
         hit.headers().get("x-sluice-budget-remaining-usd").is_none(),
         "a header the read could not give in time"
+    );
+    // Counted every time, though logged once per while (`ops::warn_gate`).
+    assert!(
+        left_out_late(&app).await > late_before,
+        "the hit left out uncounted"
     );
     if matches!(hold, Hold::Postgres(_)) {
         // At once, more than the pool has connections: the reads past them wait for one
@@ -1332,6 +1338,18 @@ async fn a_hit_whose_budget_read_is_held_goes_without_the_budget_header() {
         .to_str()
         .unwrap();
     assert!(left.parse::<f64>().unwrap() < 5.0, "settled: {left}");
+}
+
+/// Hits gone without their budget header because the read was not done in time, as
+/// `/metrics` counts them (in the whole test process).
+async fn left_out_late(app: &TestApp) -> u64 {
+    app.metrics()
+        .await
+        .lines()
+        .filter(|l| l.starts_with("gateway_cache_hit_budget_header_left_out_total{"))
+        .filter(|l| l.contains("reason=\"late\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
 }
 
 /// What holds a hit's budget read in `a_hit_whose_budget_read_is_held_goes_without_the_

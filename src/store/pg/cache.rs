@@ -23,7 +23,7 @@ use sqlx::{PgConnection, PgPool};
 use super::notify::{self, Epoch};
 use super::text;
 use crate::clock::db_time;
-use crate::store::cache::{EntryRow, IndexRow, KeyRow, NewEntry};
+use crate::store::cache::{BudgetRow, EntryRow, IndexRow, KeyRow, NewEntry};
 use crate::store::ledger::Owner;
 use crate::store::Result;
 
@@ -248,10 +248,7 @@ pub async fn count_hits_tx(conn: &mut PgConnection, keys: &[[u8; 32]]) -> Result
 
 /// The budget rows of a token, its user and its team, for `store::cache::budget_remaining`
 /// (which picks the tightest).
-pub async fn budget_rows(
-    pool: &PgPool,
-    owner: &Owner,
-) -> Result<Vec<(i64, Option<i64>, Option<i64>, String)>> {
+pub async fn budget_rows(pool: &PgPool, owner: &Owner) -> Result<Vec<BudgetRow>> {
     let rows = sqlx::query_as(
         "SELECT 0::BIGINT, limit_micros, remaining_micros, period FROM tokens WHERE id = $1
          UNION ALL SELECT 1::BIGINT, limit_micros, remaining_micros, period FROM users WHERE id = $2
