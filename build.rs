@@ -31,25 +31,28 @@ fn main() {
         return;
     };
     let order = order.as_str();
-    if linker_reads_symbol_order(order) {
-        // The code a gateway runs laid out together, hottest first (`link/code-order.txt`,
-        // made by `scripts/code-order.py`): the kernel maps a binary's code 64 KiB around
-        // each page a process runs, and start-up and the request path ran code spread over
-        // most of the binary — 16 of its 22 MB resident idle, 7 MB so (issue 21 item 2,
-        // idle RSS). A name the build no longer has is skipped, silently. `-Xlinker` keeps
-        // the path one argument whatever it holds (`-Wl,` would split it at a comma).
-        for arg in symbol_order_args(order) {
-            println!("cargo:rustc-link-arg-bins={arg}");
+    match linker_reads_symbol_order(order) {
+        Ok(()) => {
+            // The code a gateway runs laid out together, hottest first (`link/code-order.txt`,
+            // made by `scripts/code-order.py`): the kernel maps a binary's code 64 KiB around
+            // each page a process runs, and start-up and the request path ran code spread over
+            // most of the binary — 16 of its 22 MB resident idle, 7 MB so (issue 21 item 2,
+            // idle RSS). A name the build no longer has is skipped, silently. `-Xlinker` keeps
+            // the path one argument whatever it holds (`-Wl,` would split it at a comma).
+            for arg in symbol_order_args(order) {
+                println!("cargo:rustc-link-arg-bins={arg}");
+            }
+            // For `files::the_binarys_code_is_laid_out_in_the_order_of_the_list`.
+            println!("cargo:rustc-env=SLUICE_CODE_ORDER={order}");
         }
-        // For `files::the_binarys_code_is_laid_out_in_the_order_of_the_list`.
-        println!("cargo:rustc-env=SLUICE_CODE_ORDER={order}");
-    } else {
         // Not an error — the binary is right, only its code is spread — but a figure of
-        // docs/PERFORMANCE.md will not hold (s41 final attack F4).
-        println!(
-            "cargo:warning=link/code-order.txt left out: the linker refused --symbol-ordering-file \
-             (the idle gateway holds ~9 MB more code; LLD reads it)"
-        );
+        // docs/PERFORMANCE.md will not hold (s41 final attack F4), and the test of the
+        // layout fails where the binary is linked by LLD (s42 final attack F3).
+        Err(why) => println!(
+            "cargo:warning=link/code-order.txt left out: a probe link with \
+             --symbol-ordering-file failed ({why}); the idle gateway holds ~9 MB more code \
+             (LLD reads the list)"
+        ),
     }
 }
 
@@ -127,19 +130,23 @@ fn symbol_order_args(order: &str) -> [String; 4] {
 /// does — Rust's own `rust-lld` is the default of `x86_64-unknown-linux-gnu` in rustup's
 /// toolchains since 1.90 — GNU ld and mold do not, and a distribution's rustc may link with
 /// GNU ld): a throwaway `fn main() {}` is linked with the build's compiler, target, flags
-/// and linker, and the arguments. Its failure, whatever the reason, leaves them out.
-fn linker_reads_symbol_order(order: &str) -> bool {
+/// and linker, and the arguments, from the package's folder as Cargo runs rustc (a relative
+/// path in the flags resolves as it does for the build). Its failure, whatever the reason,
+/// leaves them out; the error is the first line of rustc's that names one (the linker's own).
+fn linker_reads_symbol_order(order: &str) -> Result<(), String> {
     let var = |k| std::env::var(k).unwrap_or_default();
     let dir = std::path::PathBuf::from(var("OUT_DIR")).join("symbol-order-probe");
-    if std::fs::create_dir_all(&dir).is_err()
-        || std::fs::write(dir.join("probe.rs"), "fn main() {}\n").is_err()
-    {
-        return false;
-    }
+    let source = dir.join("probe.rs");
+    std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(&source, "fn main() {}\n"))
+        .map_err(|e| format!("the probe could not be written: {e}"))?;
     let mut rustc = std::process::Command::new(var("RUSTC"));
     rustc
-        .current_dir(&dir)
-        .args(["probe.rs", "--crate-type=bin", "-o", "probe", "--target"])
+        .current_dir(var("CARGO_MANIFEST_DIR"))
+        .arg(&source)
+        .args(["--crate-type=bin", "-o"])
+        .arg(dir.join("probe"))
+        .arg("--target")
         .arg(var("TARGET"))
         .args(
             var("CARGO_ENCODED_RUSTFLAGS")
@@ -152,11 +159,26 @@ fn linker_reads_symbol_order(order: &str) -> bool {
     for arg in symbol_order_args(order) {
         rustc.arg(format!("-Clink-arg={arg}"));
     }
-    rustc
+    let out = rustc
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+        .output()
+        .map_err(|e| format!("rustc did not run: {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    // The cause, not rustc's "linking with `cc` failed" around the linker's own line.
+    let said = String::from_utf8_lossy(&out.stderr);
+    let first = said
+        .lines()
+        .map(|l| l.trim().trim_start_matches("= note: "))
+        .find(|l| {
+            l.contains("error")
+                && !l.starts_with("error: linking with")
+                && !l.starts_with("error: aborting")
+        })
+        .or_else(|| said.lines().find(|l| !l.trim().is_empty()))
+        .unwrap_or("no message");
+    Err(first.chars().take(300).collect())
 }
 
 /// Whether a binary linked with packed relocations runs where this one is built for: a
