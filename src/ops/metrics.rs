@@ -116,7 +116,7 @@ fn describe() {
     );
     describe_counter!(
         CACHE_BUDGET_LEFT_OUT,
-        "Cache hits answered without x-sluice-budget-remaining-usd because their budget read failed (failed) or was not done within its bound (late)."
+        "Cache hits answered without x-sluice-budget-remaining-usd because their budget read failed (failed), was not done within the gateway's bound (late), or within the client's own deadline (deadline)."
     );
     describe_counter!(
         crate::ops::traces::SPANS_DROPPED,
@@ -183,7 +183,8 @@ pub fn catalog_stale(stale: bool) {
     gauge!(CATALOG_STALE).set(if stale { 1.0 } else { 0.0 });
 }
 
-/// A cache hit answered without its budget header; `reason` is `failed` or `late`.
+/// A cache hit answered without its budget header; `reason` is `failed`, `late` or
+/// `deadline`.
 pub fn cache_budget_left_out(reason: &'static str) {
     counter!(CACHE_BUDGET_LEFT_OUT, "reason" => reason).increment(1);
 }

@@ -41,15 +41,23 @@ pub fn body(p: &Prepared, hit: &Hit) -> Option<Body> {
 /// How long a hit waits for its budget read before it goes without the budget header.
 const BUDGET_READ_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
 
-/// Hits without their budget header are logged at most once per this while: a store that
+/// Hits without their budget header are logged at most once per this while, for each
+/// reason apart (a held read's lines would otherwise hide a failing one's): a store that
 /// holds the reads holds every hit's (see `ops::warn_gate`).
-static LEFT_OUT: WarnGate = WarnGate::new(std::time::Duration::from_secs(10));
+static LATE: WarnGate = WarnGate::new(std::time::Duration::from_secs(10));
+static FAILED: WarnGate = WarnGate::new(std::time::Duration::from_secs(10));
 
-/// A hit goes without its budget header: counted each time, logged through `LEFT_OUT`.
-fn header_left_out(e: &StoreError) {
-    let late = matches!(e, StoreError::NotInTime(_));
-    metrics::cache_budget_left_out(if late { "late" } else { "failed" });
-    if let Some(like_it) = LEFT_OUT.admit() {
+/// A hit goes without its budget header: counted each time by why, and logged through its
+/// gate when the store is why — not when the client's own deadline was the bound (s43
+/// attack F6: any client could drive the count and the warning with a 1 ms deadline).
+fn header_left_out(e: &StoreError, deadline_was_the_bound: bool) {
+    let (reason, gate) = match e {
+        StoreError::NotInTime(_) if deadline_was_the_bound => ("deadline", None),
+        StoreError::NotInTime(_) => ("late", Some(&LATE)),
+        _ => ("failed", Some(&FAILED)),
+    };
+    metrics::cache_budget_left_out(reason);
+    if let Some(like_it) = gate.and_then(WarnGate::admit) {
         tracing::warn!(
             error = %e,
             left_out_since_the_last_line = like_it,
@@ -79,10 +87,11 @@ pub async fn answer(
     // one not done by `BUDGET_READ_WAIT` (or the client's deadline): SQLite can hold a read
     // ~10 s while another process holds the WAL's read marks, and a hit is answered at once
     // (s41 final attack F1). The read itself ends on its blocking thread.
-    let by = deadline.min(std::time::Instant::now() + BUDGET_READ_WAIT);
+    let wait = std::time::Instant::now() + BUDGET_READ_WAIT;
+    let by = deadline.min(wait);
     let read = crate::store::cache::budget_remaining(&state.db, &auth.owner, state.clock.now(), by);
     let remaining = read.await.unwrap_or_else(|e| {
-        header_left_out(&e);
+        header_left_out(&e, deadline < wait);
         None
     });
     // The replayed answer was built without what its route dropped, and the hit cannot

@@ -367,28 +367,37 @@ pub(super) fn tally(keys: &[[u8; 32]]) -> Vec<([u8; 32], i64)> {
 /// rolled over yet (`Reset::place`, as the CAS and `ledger::balance` place it) reads as its
 /// full limit. Read-only: the balances are the ledger's, never written here.
 ///
-/// Given up at `by` (`StoreError::NotInTime`), and not begun when `by` has passed: a read
-/// begun then was given up on at once yet held a slot, and its thread, until the store let
-/// go (s42 final attack F4: a client deadline spent on the lookup).
+/// Given up at `by` (`StoreError::NotInTime`), and not begun once `by` has passed — neither
+/// on entry nor when its slot comes: a read begun then was given up on at once yet held a
+/// slot, and its thread, until the store let go (s42 final attack F4: a client deadline
+/// spent on the lookup; s43 attack F1: a slot handed over just before the bound, taken
+/// after it).
 pub async fn budget_remaining(
     db: &super::Db,
     owner: &super::ledger::Owner,
     now: DateTime<Utc>,
     by: std::time::Instant,
 ) -> Result<Option<i64>> {
-    const WHAT: &str = "a cache hit's budget read";
-    if by <= std::time::Instant::now() {
-        return Err(super::StoreError::NotInTime(WHAT));
-    }
-    tokio::time::timeout_at(by.into(), budget_rows(db, owner))
+    tokio::time::timeout_at(by.into(), budget_rows(db, owner, by))
         .await
-        .map_err(|_| super::StoreError::NotInTime(WHAT))?
+        .map_err(|_| not_in_time())?
         .map(|rows| tightest(rows, owner, now))
 }
 
+fn not_in_time() -> super::StoreError {
+    super::StoreError::NotInTime("a cache hit's budget read")
+}
+
 /// The (level, limit, remaining, period) rows of `budget_remaining`, read to their end on
-/// a task or thread of their own whatever becomes of this future.
-async fn budget_rows(db: &super::Db, owner: &super::ledger::Owner) -> Result<Vec<BudgetRow>> {
+/// a task or thread of their own whatever becomes of this future — if begun before `by`.
+async fn budget_rows(
+    db: &super::Db,
+    owner: &super::ledger::Owner,
+    by: std::time::Instant,
+) -> Result<Vec<BudgetRow>> {
+    if by <= std::time::Instant::now() {
+        return Err(not_in_time());
+    }
     // A slot first, held by the read itself until it ends — not by this future, which the
     // hit stops waiting on at its bound: a read the store holds keeps its thread and
     // connection until the store lets go, and past the slots the others wait their turn
@@ -401,6 +410,9 @@ async fn budget_rows(db: &super::Db, owner: &super::ledger::Owner) -> Result<Vec
         .acquire_owned()
         .await
         .map_err(|_| super::StoreError::Sql(sqlx::Error::PoolClosed))?;
+    if by <= std::time::Instant::now() {
+        return Err(not_in_time());
+    }
     match &db.backend {
         super::Backend::Postgres(pg) => {
             let (pool, ids) = (pg.pool.clone(), owner.clone());

@@ -1281,7 +1281,7 @@ async fn a_hit_whose_budget_read_is_held_goes_without_the_budget_header() {
     let q = question("WVWZZZ1JZXW000042");
     ask(&app, &token, &q).await;
     app.wait_for_cache_entries(1).await;
-    let late_before = left_out_late(&app).await;
+    let late_before = left_out(&app, "late").await;
     let hold = hold_the_budget_read(&app).await;
     let started = std::time::Instant::now();
     let hit = app.chat(&token, &q).await;
@@ -1298,8 +1298,21 @@ async fn a_hit_whose_budget_read_is_held_goes_without_the_budget_header() {
     );
     // Counted every time, though logged once per while (`ops::warn_gate`).
     assert!(
-        left_out_late(&app).await > late_before,
+        left_out(&app, "late").await > late_before,
         "the hit left out uncounted"
+    );
+    // A bound the client's own deadline set is the client's, not the store's (s43 attack
+    // F6: any client could raise the `late` count and its warning with a 1 ms deadline).
+    let deadline_before = left_out(&app, "deadline").await;
+    let hurried = app.chat_with_deadline(&token, &q, 100).await;
+    assert_eq!(hurried.status(), 200);
+    assert!(hurried
+        .headers()
+        .get("x-sluice-budget-remaining-usd")
+        .is_none());
+    assert!(
+        left_out(&app, "deadline").await > deadline_before,
+        "a hit its own deadline left without the header counted as the store's"
     );
     if matches!(hold, Hold::Postgres(_)) {
         // At once, more than the pool has connections: the reads past them wait for one
@@ -1340,14 +1353,15 @@ async fn a_hit_whose_budget_read_is_held_goes_without_the_budget_header() {
     assert!(left.parse::<f64>().unwrap() < 5.0, "settled: {left}");
 }
 
-/// Hits gone without their budget header because the read was not done in time, as
-/// `/metrics` counts them (in the whole test process).
-async fn left_out_late(app: &TestApp) -> u64 {
+/// Hits gone without their budget header for `reason`, as `/metrics` counts them (in the
+/// whole test process: only this test holds budget reads).
+async fn left_out(app: &TestApp, reason: &str) -> u64 {
+    let label = format!("reason=\"{reason}\"");
     app.metrics()
         .await
         .lines()
         .filter(|l| l.starts_with("gateway_cache_hit_budget_header_left_out_total{"))
-        .filter(|l| l.contains("reason=\"late\""))
+        .filter(|l| l.contains(&label))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
 }
