@@ -130,9 +130,10 @@ fn symbol_order_args(order: &str) -> [String; 4] {
 /// does — Rust's own `rust-lld` is the default of `x86_64-unknown-linux-gnu` in rustup's
 /// toolchains since 1.90 — GNU ld and mold do not, and a distribution's rustc may link with
 /// GNU ld): a throwaway `fn main() {}` is linked with the build's compiler, target, flags
-/// and linker, and the arguments, from the package's folder as Cargo runs rustc (a relative
-/// path in the flags resolves as it does for the build). Its failure, whatever the reason,
-/// leaves them out; the error is the first line of rustc's that names one (the linker's own).
+/// and linker, and the arguments, from the package's folder — where Cargo runs rustc for a
+/// package that is its own workspace, as this one is — so a relative path in the flags
+/// resolves as it does for the build. Its failure, whatever the reason,
+/// leaves them out; the error says what caused it (`cause`).
 fn linker_reads_symbol_order(order: &str) -> Result<(), String> {
     let var = |k| std::env::var(k).unwrap_or_default();
     let dir = std::path::PathBuf::from(var("OUT_DIR")).join("symbol-order-probe");
@@ -166,19 +167,26 @@ fn linker_reads_symbol_order(order: &str) -> Result<(), String> {
     if out.status.success() {
         return Ok(());
     }
-    // The cause, not rustc's "linking with `cc` failed" around the linker's own line.
-    let said = String::from_utf8_lossy(&out.stderr);
-    let first = said
+    Err(cause(&String::from_utf8_lossy(&out.stderr)))
+}
+
+/// What a failed link says caused it, from rustc's error output: the linker's own first
+/// line (the first of rustc's `= note:`s past the command line and the "arguments are
+/// omitted" line — `rust-lld: error: cannot open …`, `ld.bfd: unrecognized option …`),
+/// else rustc's first error (`error: unknown codegen option …`); at most 300 characters.
+fn cause(said: &str) -> String {
+    let notes = said
         .lines()
-        .map(|l| l.trim().trim_start_matches("= note: "))
+        .filter_map(|l| l.trim().strip_prefix("= note:"))
+        .map(str::trim)
         .find(|l| {
-            l.contains("error")
-                && !l.starts_with("error: linking with")
-                && !l.starts_with("error: aborting")
-        })
-        .or_else(|| said.lines().find(|l| !l.trim().is_empty()))
+            !l.starts_with('"') && !l.starts_with("LC_ALL=") && !l.starts_with("some arguments")
+        });
+    let first = notes
+        .or_else(|| said.lines().map(str::trim).find(|l| l.starts_with("error")))
+        .or_else(|| said.lines().map(str::trim).find(|l| !l.is_empty()))
         .unwrap_or("no message");
-    Err(first.chars().take(300).collect())
+    first.chars().take(300).collect()
 }
 
 /// Whether a binary linked with packed relocations runs where this one is built for: a
