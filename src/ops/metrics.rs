@@ -116,7 +116,7 @@ fn describe() {
     );
     describe_counter!(
         CACHE_BUDGET_LEFT_OUT,
-        "Cache hits answered without x-sluice-budget-remaining-usd because their budget read failed (failed), was not done within the gateway's bound (late), or within the client's own deadline (deadline)."
+        "Cache hits answered without x-sluice-budget-remaining-usd because their budget read failed (failed), was not done within the gateway's bound (late), or not begun because the client's own deadline left it too little time (deadline)."
     );
     describe_counter!(
         crate::ops::traces::SPANS_DROPPED,

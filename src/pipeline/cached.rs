@@ -48,11 +48,14 @@ static LATE: WarnGate = WarnGate::new(std::time::Duration::from_secs(10));
 static FAILED: WarnGate = WarnGate::new(std::time::Duration::from_secs(10));
 
 /// A hit goes without its budget header: counted each time by why, and logged through its
-/// gate when the store is why — not when the client's own deadline was the bound (s43
-/// attack F6: any client could drive the count and the warning with a 1 ms deadline).
-fn header_left_out(e: &StoreError, deadline_was_the_bound: bool) {
+/// gate when the store is why — not when the client's own deadline left the read too
+/// little time to begin (`store::cache::LEAST_TIME_LEFT`; s43 attack F6: any client could
+/// drive the count and the warning with a 1 ms deadline). A read the deadline left time
+/// for, not done by it, is the store's (`late`): a store holding every read shows as such
+/// whatever deadlines its clients send (s43 final attack F2).
+fn header_left_out(e: &StoreError, too_short: bool) {
     let (reason, gate) = match e {
-        StoreError::NotInTime(_) if deadline_was_the_bound => ("deadline", None),
+        StoreError::NotInTime(_) if too_short => ("deadline", None),
         StoreError::NotInTime(_) => ("late", Some(&LATE)),
         _ => ("failed", Some(&FAILED)),
     };
@@ -87,11 +90,12 @@ pub async fn answer(
     // one not done by `BUDGET_READ_WAIT` (or the client's deadline): SQLite can hold a read
     // ~10 s while another process holds the WAL's read marks, and a hit is answered at once
     // (s41 final attack F1). The read itself ends on its blocking thread.
-    let wait = std::time::Instant::now() + BUDGET_READ_WAIT;
-    let by = deadline.min(wait);
+    let started = std::time::Instant::now();
+    let by = deadline.min(started + BUDGET_READ_WAIT);
+    let too_short = by.saturating_duration_since(started) < crate::store::cache::LEAST_TIME_LEFT;
     let read = crate::store::cache::budget_remaining(&state.db, &auth.owner, state.clock.now(), by);
     let remaining = read.await.unwrap_or_else(|e| {
-        header_left_out(&e, deadline < wait);
+        header_left_out(&e, too_short);
         None
     });
     // The replayed answer was built without what its route dropped, and the hit cannot

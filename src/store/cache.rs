@@ -367,11 +367,11 @@ pub(super) fn tally(keys: &[[u8; 32]]) -> Vec<([u8; 32], i64)> {
 /// rolled over yet (`Reset::place`, as the CAS and `ledger::balance` place it) reads as its
 /// full limit. Read-only: the balances are the ledger's, never written here.
 ///
-/// Given up at `by` (`StoreError::NotInTime`), and not begun once `by` has passed — neither
-/// on entry nor when its slot comes: a read begun then was given up on at once yet held a
-/// slot, and its thread, until the store let go (s42 final attack F4: a client deadline
-/// spent on the lookup; s43 attack F1: a slot handed over just before the bound, taken
-/// after it).
+/// Given up at `by` (`StoreError::NotInTime`), and not begun with less than
+/// `LEAST_TIME_LEFT` before it — neither on entry nor when its slot comes: a read begun
+/// then was given up on at once yet held a slot, and its thread, until the store let go
+/// (s42 final attack F4: a client deadline spent on the lookup; s43 attack F1: a slot
+/// handed over just before the bound, taken after it).
 pub async fn budget_remaining(
     db: &super::Db,
     owner: &super::ledger::Owner,
@@ -388,14 +388,26 @@ fn not_in_time() -> super::StoreError {
     super::StoreError::NotInTime("a cache hit's budget read")
 }
 
+/// A budget read is begun only with at least this long left before its bound: one begun
+/// closer to it mostly ends after the hit stopped waiting — for nobody, holding its slot —
+/// and with the slots queued, each freed slot goes to the waiter with the least time left,
+/// so under a burst nearly every hit lost its header, not only the excess (s43 final
+/// attack F1). Reads take well under a millisecond when the store is well.
+pub const LEAST_TIME_LEFT: std::time::Duration = std::time::Duration::from_millis(25);
+
+/// Whether a read bound by `by` may still begin (`LEAST_TIME_LEFT`).
+fn time_left(by: std::time::Instant) -> bool {
+    by.saturating_duration_since(std::time::Instant::now()) >= LEAST_TIME_LEFT
+}
+
 /// The (level, limit, remaining, period) rows of `budget_remaining`, read to their end on
-/// a task or thread of their own whatever becomes of this future — if begun before `by`.
+/// a task or thread of their own whatever becomes of this future — if begun in time.
 async fn budget_rows(
     db: &super::Db,
     owner: &super::ledger::Owner,
     by: std::time::Instant,
 ) -> Result<Vec<BudgetRow>> {
-    if by <= std::time::Instant::now() {
+    if !time_left(by) {
         return Err(not_in_time());
     }
     // A slot first, held by the read itself until it ends — not by this future, which the
@@ -410,7 +422,7 @@ async fn budget_rows(
         .acquire_owned()
         .await
         .map_err(|_| super::StoreError::Sql(sqlx::Error::PoolClosed))?;
-    if by <= std::time::Instant::now() {
+    if !time_left(by) {
         return Err(not_in_time());
     }
     match &db.backend {

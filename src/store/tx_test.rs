@@ -279,6 +279,36 @@ async fn a_budget_read_whose_slot_comes_after_its_bound_is_not_begun() {
     child.wait().await.unwrap();
 }
 
+/// Nor when its slot comes too near the bound to end by it (`LEAST_TIME_LEFT`): one begun
+/// then ended for nobody, holding its slot, and with the slots queued under a burst each
+/// freed slot went to the waiter with the least time left (s43 final attack F1).
+#[tokio::test]
+async fn a_budget_read_whose_slot_comes_too_near_its_bound_is_not_begun() {
+    let (dir, db, owner) = super::writer_test::setup(5_000_000).await;
+    let db = std::sync::Arc::new(db);
+    let mut child = hold_read_marks(&dir.path().join("t.db-shm"), 1.0).await;
+    let mut slots = Vec::new();
+    for _ in 0..4 {
+        slots.push(db.budget_reads.clone().acquire_owned().await.unwrap());
+    }
+    let by = std::time::Instant::now() + Duration::from_millis(50);
+    let read = tokio::spawn({
+        let (db, owner) = (db.clone(), owner.clone());
+        async move { super::cache::budget_remaining(&db, &owner, chrono::Utc::now(), by).await }
+    });
+    tokio::time::sleep(Duration::from_millis(35)).await;
+    drop(slots.pop());
+    let read = read.await.unwrap();
+    assert!(
+        matches!(read, Err(super::StoreError::NotInTime(_))),
+        "{read:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(db.budget_reads.available_permits(), 1, "a read was begun");
+    drop(slots);
+    child.wait().await.unwrap();
+}
+
 /// A bound no test reaches.
 fn unbounded() -> std::time::Instant {
     std::time::Instant::now() + Duration::from_secs(60)

@@ -1301,18 +1301,29 @@ async fn a_hit_whose_budget_read_is_held_goes_without_the_budget_header() {
         left_out(&app, "late").await > late_before,
         "the hit left out uncounted"
     );
-    // A bound the client's own deadline set is the client's, not the store's (s43 attack
-    // F6: any client could raise the `late` count and its warning with a 1 ms deadline).
-    let deadline_before = left_out(&app, "deadline").await;
-    let hurried = app.chat_with_deadline(&token, &q, 100).await;
-    assert_eq!(hurried.status(), 200);
-    assert!(hurried
-        .headers()
-        .get("x-sluice-budget-remaining-usd")
-        .is_none());
+    // A deadline too short for the read to begin is the client's doing, not the store's
+    // (s43 attack F6: any client could raise the `late` count and its warning with a 1 ms
+    // deadline); one that left the read time and still passed is the store's (s43 final
+    // attack F2: with short deadlines a store holding every read showed no `late`).
+    let (deadline_before, late_before) = (
+        left_out(&app, "deadline").await,
+        left_out(&app, "late").await,
+    );
+    for ms in [10, 100] {
+        let hurried = app.chat_with_deadline(&token, &q, ms).await;
+        assert_eq!(hurried.status(), 200);
+        assert!(hurried
+            .headers()
+            .get("x-sluice-budget-remaining-usd")
+            .is_none());
+    }
     assert!(
         left_out(&app, "deadline").await > deadline_before,
-        "a hit its own deadline left without the header counted as the store's"
+        "a hit its own deadline left no time for the read counted as the store's"
+    );
+    assert!(
+        left_out(&app, "late").await > late_before,
+        "a held read the client's deadline cut short not counted as the store's"
     );
     if matches!(hold, Hold::Postgres(_)) {
         // At once, more than the pool has connections: the reads past them wait for one

@@ -636,15 +636,18 @@ fn the_linkers_list_is_the_code_order_under_every_codegen_unit() {
 #[test]
 fn the_binarys_code_is_laid_out_in_the_order_of_the_list() {
     let Some(list) = option_env!("SLUICE_CODE_ORDER") else {
-        // With the list in the checkout, on Linux (an ELF binary, binutils' `readelf`).
+        // With the list in the checkout, on Linux (an ELF binary).
         let listed = concat!(env!("CARGO_MANIFEST_DIR"), "/link/code-order.txt");
         if !cfg!(target_os = "linux") || !std::path::Path::new(listed).exists() {
             return;
         }
-        let comment = std::process::Command::new("readelf")
+        // Without binutils there is no telling the linker: as before, nothing to check.
+        let Ok(comment) = std::process::Command::new("readelf")
             .args(["--string-dump=.comment", env!("CARGO_BIN_EXE_sluice")])
             .output()
-            .expect("readelf (binutils) runs");
+        else {
+            return;
+        };
         assert!(
             !String::from_utf8_lossy(&comment.stdout).contains("Linker: LLD"),
             "linked by LLD, which reads the list, yet the build left it out: see build.rs's \
