@@ -132,8 +132,8 @@ fn symbol_order_args(order: &str) -> [String; 4] {
 /// GNU ld): a throwaway `fn main() {}` is linked with the build's compiler, target, flags
 /// and linker, and the arguments, from the package's folder — where Cargo runs rustc for a
 /// package that is its own workspace, as this one is — so a relative path in the flags
-/// resolves as it does for the build. Its failure, whatever the reason,
-/// leaves them out; the error says what caused it (`cause`).
+/// resolves as it does for the build. Its failure, whatever the reason, leaves them out;
+/// the error says what caused it (`cause`).
 fn linker_reads_symbol_order(order: &str) -> Result<(), String> {
     let var = |k| std::env::var(k).unwrap_or_default();
     let dir = std::path::PathBuf::from(var("OUT_DIR")).join("symbol-order-probe");
