@@ -253,30 +253,7 @@ async fn a_budget_read_past_its_bound_is_not_begun() {
 /// not begun — it held that slot, with the marks held, until SQLite let go (s43 attack F1).
 #[tokio::test]
 async fn a_budget_read_whose_slot_comes_after_its_bound_is_not_begun() {
-    let (dir, db, owner) = super::writer_test::setup(5_000_000).await;
-    let db = std::sync::Arc::new(db);
-    let mut child = hold_read_marks(&dir.path().join("t.db-shm"), 1.0).await;
-    let mut slots = Vec::new();
-    for _ in 0..4 {
-        slots.push(db.budget_reads.clone().acquire_owned().await.unwrap());
-    }
-    let by = std::time::Instant::now() + Duration::from_millis(50);
-    let read = tokio::spawn({
-        let (db, owner) = (db.clone(), owner.clone());
-        async move { super::cache::budget_remaining(&db, &owner, chrono::Utc::now(), by).await }
-    });
-    tokio::time::sleep(Duration::from_millis(30)).await;
-    drop(slots.pop());
-    std::thread::sleep(Duration::from_millis(100));
-    let read = read.await.unwrap();
-    assert!(
-        matches!(read, Err(super::StoreError::NotInTime(_))),
-        "{read:?}"
-    );
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(db.budget_reads.available_permits(), 1, "a read was begun");
-    drop(slots);
-    child.wait().await.unwrap();
+    slot_freed_before_the_bound(30, Duration::from_millis(100)).await;
 }
 
 /// Nor when its slot comes too near the bound to end by it (`LEAST_TIME_LEFT`): one begun
@@ -284,6 +261,13 @@ async fn a_budget_read_whose_slot_comes_after_its_bound_is_not_begun() {
 /// freed slot went to the waiter with the least time left (s43 final attack F1).
 #[tokio::test]
 async fn a_budget_read_whose_slot_comes_too_near_its_bound_is_not_begun() {
+    slot_freed_before_the_bound(35, Duration::ZERO).await;
+}
+
+/// With the read marks held and every slot taken, a read bound 50 ms on whose slot is
+/// freed at `freed_at_ms`, this runtime's one thread then held for `held`: the read must
+/// give up without beginning — its slot free again.
+async fn slot_freed_before_the_bound(freed_at_ms: u64, held: Duration) {
     let (dir, db, owner) = super::writer_test::setup(5_000_000).await;
     let db = std::sync::Arc::new(db);
     let mut child = hold_read_marks(&dir.path().join("t.db-shm"), 1.0).await;
@@ -296,8 +280,9 @@ async fn a_budget_read_whose_slot_comes_too_near_its_bound_is_not_begun() {
         let (db, owner) = (db.clone(), owner.clone());
         async move { super::cache::budget_remaining(&db, &owner, chrono::Utc::now(), by).await }
     });
-    tokio::time::sleep(Duration::from_millis(35)).await;
+    tokio::time::sleep(Duration::from_millis(freed_at_ms)).await;
     drop(slots.pop());
+    std::thread::sleep(held);
     let read = read.await.unwrap();
     assert!(
         matches!(read, Err(super::StoreError::NotInTime(_))),
