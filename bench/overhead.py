@@ -819,7 +819,11 @@ def phase_streams(rig: Rig, p: dict) -> dict:
         warm = ["--stream", "--streams", "20", "--ramp-ms", "100", "--expect-chunks", str(STREAM_CHUNKS)]
         rig.lg("direct", warm, stream=True)
         rig.lg("gateway", warm, stream=True)
+        # Read at 1 s as before s44, and at 3 s: past the heap-release thread's first quiet
+        # second after the warm-up, where it hands the free heap back (`ops::memory`).
         time.sleep(1.0)
+        idle_at_1s = rss_kb(rig.gw.pid)
+        time.sleep(2.0)
         idle, idle_split = rss_kb(rig.gw.pid), rss_split_kb(rig.gw.pid)
         direct = rig.lg("direct", extra, stream=True)
         through = rig.lg("gateway", extra, stream=True, sample_rss=True)
@@ -837,14 +841,14 @@ def phase_streams(rig: Rig, p: dict) -> dict:
         "added_gap_p50_ms": ms(through["gap_p50_us"] - direct["gap_p50_us"]),
         "added_gap_p99_ms": ms(through["gap_p99_us"] - direct["gap_p99_us"]),
         "streams_lost_or_merged": bad,
-        "rss_kb": {"idle": idle, "peak": peak, "after_5s": after,
+        "rss_kb": {"idle": idle, "idle_at_1s": idle_at_1s, "peak": peak, "after_5s": after,
                    "idle_split": idle_split, "after_5s_split": after_split,
                    "per_1000_streams": round((peak - idle) * 1000 / n) if n else None,
                    "after_over_idle": round(after / idle, 3) if idle else None},
     }
     print(f"  streams: {through['streams_ok']}/{n} ok through the gateway; added TTFT p50 "
           f"{out['added_ttft_p50_ms']} ms, gap p99 {out['added_gap_p99_ms']} ms; RSS idle "
-          f"{idle / 1024:.1f} MB, peak {peak / 1024:.1f} MB, after {after / 1024:.1f} MB "
+          f"{idle / 1024:.1f} MB (at 1 s {idle_at_1s / 1024:.1f}), peak {peak / 1024:.1f} MB, after {after / 1024:.1f} MB "
           f"(anonymous {idle_split['anon'] / 1024:.1f} → {after_split['anon'] / 1024:.1f} MB, "
           f"file-backed {idle_split['file'] / 1024:.1f} → {after_split['file'] / 1024:.1f} MB)",
           file=sys.stderr, flush=True)
