@@ -819,11 +819,11 @@ def phase_streams(rig: Rig, p: dict) -> dict:
         warm = ["--stream", "--streams", "20", "--ramp-ms", "100", "--expect-chunks", str(STREAM_CHUNKS)]
         rig.lg("direct", warm, stream=True)
         rig.lg("gateway", warm, stream=True)
-        # Read at 1 s as before s44, and at 3 s: past the heap-release thread's first quiet
-        # second after the warm-up, where it hands the free heap back (`ops::memory`).
+        # Read at 1 s as before s44, and at 4 s: at rest, past the heap-release thread's two
+        # quiet seconds after the warm-up, when it hands the free heap back (`ops::memory`).
         time.sleep(1.0)
         idle_at_1s = rss_kb(rig.gw.pid)
-        time.sleep(2.0)
+        time.sleep(3.0)
         idle, idle_split = rss_kb(rig.gw.pid), rss_split_kb(rig.gw.pid)
         direct = rig.lg("direct", extra, stream=True)
         through = rig.lg("gateway", extra, stream=True, sample_rss=True)

@@ -1,25 +1,4 @@
 //! Giving freed heap memory back to the operating system.
-// Only glibc's allocator is trimmed: elsewhere `Releaser` and its bars have no caller.
-#![cfg_attr(not(all(target_os = "linux", target_env = "gnu")), allow(dead_code))]
-
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-use std::time::Duration;
-
-/// How often the allocator's free memory is looked at (`release_after_bursts`).
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-const LOOK_EVERY: Duration = Duration::from_secs(1);
-
-/// Free heap up to this much is kept for reuse while the gateway works: handing back a few
-/// pages only to fault them in again at the next request costs more than it saves.
-const KEEP_FREE: usize = 4 << 20;
-
-/// Less CPU than this over one look is a quiet second: a gateway at rest spends 3.5–5 ms
-/// a second on its beats (`bench/overhead.py`'s `gw_idle_cpu_ms_per_s`), a request with
-/// every feature on about 1 ms — so a quiet second served fewer than ~15 requests.
-const QUIET_CPU: Duration = Duration::from_millis(20);
-
-/// Free heap at rest below this is kept: not worth a trim.
-const KEEP_FREE_AT_REST: usize = 1 << 20;
 
 /// Hands the allocator's free pages back to the OS (glibc's `malloc_trim`; elsewhere a
 /// no-op). glibc keeps freed memory for reuse indefinitely, so the RSS after a burst, or
@@ -32,164 +11,392 @@ pub fn release_free() {
     }
 }
 
-/// Starts a thread that hands the free heap back (`Releaser` says when), looking each
-/// second. After 1 000 streams the gateway held 88 MB against 37 MB idle, all of it glibc's
-/// free lists (issue 21 item 2); with this, 48 MB 5 s later. A thread of its own: a trim of
-/// a large heap takes milliseconds, not to be spent on a request's worker. One per
-/// process, however many gateways it builds (the tests build hundreds).
+/// Requests answered by the process so far (`served`): work for the heap-release thread
+/// to rest from. One relaxed add per request.
+static SERVED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Counts a request answered (`ops::request_log` calls it for each).
+pub fn served() {
+    SERVED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Starts a thread that hands the free heap back when a burst is over or the gateway comes
+/// to rest (`Releaser` says when), looking each second; elsewhere than glibc a no-op. A
+/// thread of its own: a trim of a large heap takes milliseconds, not to be spent on a
+/// request's worker. One per process, however many gateways it builds (the tests build
+/// hundreds).
 pub fn release_after_bursts() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         static STARTED: std::sync::Once = std::sync::Once::new();
-        STARTED.call_once(start_releasing);
+        STARTED.call_once(glibc::start_releasing);
     }
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn start_releasing() {
-    let spawned = std::thread::Builder::new()
-        .name("heap-release".into())
-        .spawn(|| {
-            let mut releaser = Releaser::default();
-            let mut cpu = process_cpu();
-            loop {
-                std::thread::sleep(LOOK_EVERY);
-                let now = process_cpu();
-                // SAFETY: mallinfo2 only reads the allocator's statistics.
-                let heap = unsafe { libc::mallinfo2() };
-                if releaser.look(heap.fordblks, heap.uordblks, now.saturating_sub(cpu)) {
-                    release_free();
+mod glibc {
+    use std::time::{Duration, Instant};
+
+    use crate::ops::metrics;
+
+    /// How often the process is looked at.
+    const LOOK_EVERY: Duration = Duration::from_secs(1);
+
+    /// The anonymous memory must have grown by more than this since the last trim for the
+    /// end of a burst to trim: handing back a few pages only to fault them in again at the
+    /// next request costs more than it saves.
+    const GROWN: usize = 4 << 20;
+
+    /// A second in which the rest of the process spent less CPU than this is quiet: a
+    /// gateway at rest spends 3.5–5 ms a second on its beats (`bench/overhead.py`'s
+    /// `gw_idle_cpu_ms_per_s`); a request costs ~0.2 ms plain, ~1 ms with every feature on.
+    /// On a host whose beats cost more, the bar is twice the least second seen, up to
+    /// `QUIET_CPU_MOST`.
+    const QUIET_CPU: Duration = Duration::from_millis(20);
+    const QUIET_CPU_MOST: Duration = Duration::from_millis(100);
+
+    /// Quiet seconds in a row that make the gateway at rest.
+    const REST_LOOKS: u32 = 2;
+
+    /// A trim that took `t` is followed by none for `TRIM_SPACING × t`: trimming holds each
+    /// arena's lock in turn while it walks the free chunks (up to ~10 ms on a fragmented
+    /// heap), so it never takes more than a hundredth of a core.
+    const TRIM_SPACING: u32 = 100;
+
+    pub fn start_releasing() {
+        let spawned = std::thread::Builder::new()
+            .name("heap-release".into())
+            .spawn(|| {
+                let mut releaser = Releaser::new(Instant::now(), others_cpu());
+                let mut served = 0;
+                loop {
+                    std::thread::sleep(LOOK_EVERY);
+                    let Some(anon) = anonymous_rss() else {
+                        return;
+                    };
+                    let now = Instant::now();
+                    let seen = std::mem::replace(
+                        &mut served,
+                        super::SERVED.load(std::sync::atomic::Ordering::Relaxed),
+                    );
+                    if let Some(rule) = releaser.look(now, others_cpu(), anon, seen != served) {
+                        super::release_free();
+                        metrics::heap_trim(rule);
+                        let left = anonymous_rss().unwrap_or(anon);
+                        releaser.trimmed(now, Instant::now(), left);
+                    }
                 }
-                cpu = now;
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "the heap-release thread did not start: memory freed after a burst stays with the process");
+        }
+    }
+
+    /// The process's resident memory that no file backs (the heap, stacks, relocated
+    /// data), from `/proc/self/statm`: resident less shared pages, counted by the kernel —
+    /// where glibc's own statistics (`mallinfo2`, read here each second before s44) walk
+    /// every free chunk of every arena under its lock: 0.2 ms a look on a fresh gateway,
+    /// 7–12 ms after a minute at one client with every feature on, each second on the
+    /// gateway's core (`perf record` of this thread). None if the file cannot be read (no
+    /// /proc): the thread then stops.
+    fn anonymous_rss() -> Option<usize> {
+        let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+        let mut pages = statm.split_ascii_whitespace().skip(1);
+        let resident: usize = pages.next()?.parse().ok()?;
+        let shared: usize = pages.next()?.parse().ok()?;
+        // SAFETY: sysconf only reads a system setting.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        Some(resident.saturating_sub(shared) * usize::try_from(page).ok()?)
+    }
+
+    /// The CPU the process has spent so far, this thread's own left out.
+    fn others_cpu() -> Duration {
+        cpu(libc::CLOCK_PROCESS_CPUTIME_ID).saturating_sub(cpu(libc::CLOCK_THREAD_CPUTIME_ID))
+    }
+
+    /// A CPU clock's time so far: the process's (every thread's) or this thread's own.
+    fn cpu(clock: libc::clockid_t) -> Duration {
+        let mut t = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes the timespec it is given; both clocks are always
+        // there on Linux (were one not, `t` stays zero: the process's CPU reads 0, every
+        // second looks quiet and the rest rule trims once, then waits for a busy second
+        // that never comes).
+        unsafe { libc::clock_gettime(clock, &mut t) };
+        Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+    }
+
+    /// When the free heap goes back, from one look a second at the CPU the rest of the
+    /// process spent (this thread's own trims left out, so a trim cannot make the next
+    /// second look busy) and its anonymous memory (never the allocator's statistics: see
+    /// `anonymous_rss`). The rules, counted in `gateway_heap_trims_total{rule}`:
+    /// - **`rest`**: `REST_LOOKS` quiet seconds in a row in which no request was answered,
+    ///   after work (a request answered, or a second that was not quiet) — once per spell
+    ///   of rest. What work leaves free otherwise stays: 1.8–3.5 MB
+    ///   of heap after the warm-up of `overhead.py`'s streams phase, of which a trim gave
+    ///   back 0.7–1.2 MB of the RSS (s44). Not the memory's growth since the last trim:
+    ///   what is freed after a trim does not lower the RSS, so a trim in the middle of a
+    ///   light load hid what the rest of it freed. A load that comes and goes at rest's
+    ///   edge trims at most every third second, and `TRIM_SPACING` bounds what that costs.
+    /// - **`burst`** while requests still come: the anonymous memory grew by more than
+    ///   `GROWN` since the last trim and the process's CPU fell under a quarter of its
+    ///   busiest second since then. After 1 000 streams the gateway held 88 MB against
+    ///   37 MB idle, all of it glibc's free lists (issue 21 item 2); with a trim, 48 MB 5 s
+    ///   later. Under a steady load the freed memory is reused and the CPU does not fall, so
+    ///   nothing is handed back to be faulted in again; memory that grew in use (the
+    ///   response cache filling) is trimmed at most once per `GROWN` of growth.
+    ///
+    /// Either costs the requests of its second a wait on the arena being walked, and the
+    /// next ones the page faults of touching handed-back pages again.
+    pub(super) struct Releaser {
+        /// The process's CPU at the last look, this thread's left out.
+        cpu: Duration,
+        /// The least CPU of a second seen: the host's idle, for the quiet bar.
+        least: Duration,
+        /// Quiet seconds in a row; `None` from a rest's trim until work (at start `Some(0)`:
+        /// the start-up's leftovers go at its first rest).
+        quiet_looks: Option<u32>,
+        /// The anonymous memory after the last trim.
+        floor: usize,
+        /// The busiest second's CPU since the last trim.
+        busiest: Duration,
+        /// No trim before this (`TRIM_SPACING`).
+        not_before: Instant,
+    }
+
+    impl Releaser {
+        pub(super) fn new(now: Instant, cpu: Duration) -> Self {
+            Self {
+                cpu,
+                least: Duration::MAX,
+                quiet_looks: Some(0),
+                floor: 0,
+                busiest: Duration::ZERO,
+                not_before: now,
             }
-        });
-    if let Err(e) = spawned {
-        tracing::warn!(error = %e, "the heap-release thread did not start: memory freed after a burst stays with the process");
-    }
-}
-
-/// The CPU time of the whole process so far (every thread's, this one's included).
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn process_cpu() -> Duration {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given; the clock is always there on
-    // Linux, and on an error `t` stays zero (the look then counts as busy or quiet once).
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
-    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
-}
-
-/// When the free heap goes back, from one look a second at the allocator and the process's
-/// CPU:
-/// - **a burst is over**: more is free than in use and more than `KEEP_FREE` was freed
-///   since the least free the heap had since the last trim. A trim leaves the free chunks
-///   free (only their pages go back), so "more free than in use" alone held after one burst
-///   for ever and trimmed every second — a test process spent twice the system time on it;
-///   what counts is memory freed since (s33). Under a steady load the freed memory is
-///   reused and less is free than in use, so nothing is handed back to be faulted in again.
-/// - **the gateway came to rest**: the first quiet second (`QUIET_CPU`) after a busy one,
-///   with more than `KEEP_FREE_AT_REST` free — once per quiet spell. Below the burst's bar
-///   the free heap otherwise stayed: 1.8–3.5 MB after the warm-up of `overhead.py`'s
-///   streams phase, of which a trim gave back 0.7–1.2 MB of the idle RSS (s44). Its cost is
-///   a few page faults for the next request to touch those pages — once per spell, never
-///   under a load.
-struct Releaser {
-    /// The least free heap seen since the last trim.
-    low: usize,
-    /// A busy second came since the last trim (and at start: the start-up's work).
-    worked: bool,
-}
-
-impl Default for Releaser {
-    fn default() -> Self {
-        Self {
-            low: usize::MAX,
-            worked: true,
         }
-    }
-}
 
-impl Releaser {
-    /// One look: the heap's free and in-use bytes, and the CPU the process spent since the
-    /// last look. True: trim now.
-    fn look(&mut self, free: usize, in_use: usize, cpu: Duration) -> bool {
-        self.low = self.low.min(free);
-        let quiet = cpu < QUIET_CPU;
-        let burst_over = free > in_use && free - self.low > KEEP_FREE;
-        let came_to_rest = quiet && self.worked && free > KEEP_FREE_AT_REST;
-        if !quiet {
-            self.worked = true;
+        /// One look: the time, the CPU the rest of the process has spent so far, its
+        /// anonymous memory now, and whether requests were answered since the last look
+        /// (work to rest from even at a pace that keeps the CPU quiet, and no second of
+        /// rest). `Some(rule)`: trim now, then say what it took (`trimmed`).
+        pub(super) fn look(
+            &mut self,
+            now: Instant,
+            cpu: Duration,
+            anon: usize,
+            answered: bool,
+        ) -> Option<&'static str> {
+            let spent = cpu.saturating_sub(self.cpu);
+            self.cpu = cpu;
+            self.least = self.least.min(spent);
+            let bar = self
+                .least
+                .saturating_mul(2)
+                .clamp(QUIET_CPU, QUIET_CPU_MOST);
+            self.quiet_looks = if spent < bar && !answered {
+                self.quiet_looks.map(|n| n + 1)
+            } else {
+                Some(0)
+            };
+            let burst_over =
+                anon > self.floor.saturating_add(GROWN) && spent.saturating_mul(4) < self.busiest;
+            self.busiest = self.busiest.max(spent);
+            if now < self.not_before {
+                return None;
+            }
+            if self.quiet_looks.is_some_and(|n| n >= REST_LOOKS) {
+                self.quiet_looks = None;
+                return Some("rest");
+            }
+            burst_over.then_some("burst")
         }
-        let trim = burst_over || came_to_rest;
-        if trim {
-            self.low = free;
-            self.worked = !quiet;
-        }
-        trim
-    }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MB: usize = 1 << 20;
-    const BUSY: Duration = Duration::from_millis(400);
-    const QUIET: Duration = Duration::from_millis(4);
-
-    #[test]
-    fn the_free_heap_goes_back_once_when_the_gateway_comes_to_rest() {
-        let mut r = Releaser::default();
-        assert!(!r.look(2 * MB, 8 * MB, BUSY), "not while it works");
-        assert!(r.look(2 * MB, 8 * MB, QUIET), "the first quiet second");
-        assert!(!r.look(2 * MB, 8 * MB, QUIET), "once per quiet spell");
-        assert!(!r.look(3 * MB, 8 * MB, QUIET));
-        assert!(!r.look(2 * MB, 8 * MB, BUSY));
-        assert!(r.look(2 * MB, 8 * MB, QUIET), "the next spell");
-    }
-
-    #[test]
-    fn the_start_ups_free_heap_goes_back_at_the_first_quiet_second() {
-        assert!(Releaser::default().look(2 * MB, 8 * MB, QUIET));
-    }
-
-    #[test]
-    fn a_little_free_heap_at_rest_is_kept_until_there_is_more() {
-        let mut r = Releaser::default();
-        assert!(!r.look(MB / 2, 8 * MB, QUIET));
-        assert!(!r.look(MB, 8 * MB, QUIET));
-        assert!(
-            r.look(MB + MB / 2, 8 * MB, QUIET),
-            "still the spell's first trim"
-        );
-    }
-
-    #[test]
-    fn a_steady_load_keeps_its_free_heap() {
-        let mut r = Releaser::default();
-        for free in [3, 2, 5, 1, 4, 3, 5, 2].map(|m| m * MB) {
-            assert!(!r.look(free, 40 * MB, BUSY), "{free}");
+        /// A trim ran from `started` to `ended` and left `anon` of anonymous memory:
+        /// growth counts from here, the busiest second from the next.
+        pub(super) fn trimmed(&mut self, started: Instant, ended: Instant, anon: usize) {
+            self.floor = anon;
+            self.busiest = Duration::ZERO;
+            self.not_before = ended + (ended - started).saturating_mul(TRIM_SPACING);
         }
     }
 
-    #[test]
-    fn the_heap_freed_by_a_burst_goes_back_while_the_gateway_still_works() {
-        let mut r = Releaser::default();
-        assert!(!r.look(2 * MB, 80 * MB, BUSY));
-        assert!(
-            r.look(60 * MB, 20 * MB, BUSY),
-            "more free than in use, 58 MB freed"
-        );
-        assert!(
-            !r.look(61 * MB, 20 * MB, BUSY),
-            "a trim leaves the chunks free"
-        );
-        assert!(r.look(62 * MB, 20 * MB, QUIET), "at rest: the spell's trim");
-        assert!(
-            !r.look(63 * MB, 20 * MB, BUSY),
-            "1 MB freed since: below the bar"
-        );
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        const MB: usize = 1 << 20;
+        const BUSY: u64 = 400;
+        const LIGHT: u64 = 90;
+        const QUIET: u64 = 4;
+
+        /// Drives a `Releaser` a second at a time, as the thread does, each trim taking
+        /// 1 ms (so none for the next 0.1 s) and leaving the memory at `left`.
+        struct Seconds {
+            r: Releaser,
+            at: Instant,
+            cpu: Duration,
+            /// Requests answered in the next second.
+            answering: bool,
+        }
+
+        impl Seconds {
+            fn new() -> Self {
+                let at = Instant::now();
+                Self {
+                    r: Releaser::new(at, Duration::ZERO),
+                    at,
+                    cpu: Duration::ZERO,
+                    answering: false,
+                }
+            }
+
+            fn look(&mut self, spent_ms: u64, anon_mb: usize, left_mb: usize) -> Option<&str> {
+                self.at += LOOK_EVERY;
+                self.cpu += Duration::from_millis(spent_ms);
+                let answered = std::mem::take(&mut self.answering);
+                let rule = self.r.look(self.at, self.cpu, anon_mb * MB, answered);
+                if rule.is_some() {
+                    let ended = self.at + Duration::from_millis(1);
+                    self.r.trimmed(self.at, ended, left_mb * MB);
+                }
+                rule
+            }
+
+            /// Seconds of `ms` each, the memory at `anon` and `left` after a trim.
+            fn trims(&mut self, seconds: &[u64], anon_mb: usize, left_mb: usize) -> usize {
+                seconds
+                    .iter()
+                    .filter(|&&ms| self.look(ms, anon_mb, left_mb).is_some())
+                    .count()
+            }
+        }
+
+        #[test]
+        fn the_free_heap_goes_back_once_when_the_gateway_comes_to_rest() {
+            let mut s = Seconds::new();
+            s.trims(&[QUIET, QUIET], 7, 7);
+            assert_eq!(s.look(BUSY, 8, 7), None, "not while it works");
+            assert_eq!(s.look(QUIET, 8, 7), None, "one quiet second is not rest");
+            assert_eq!(s.look(QUIET, 8, 7), Some("rest"), "two in a row are");
+            assert_eq!(s.trims(&[QUIET; 10], 7, 7), 0, "once per spell of rest");
+            assert_eq!(s.trims(&[BUSY, QUIET, QUIET], 8, 7), 1, "the next spell");
+        }
+
+        #[test]
+        fn the_start_ups_free_heap_goes_back_at_its_first_rest() {
+            let mut s = Seconds::new();
+            assert_eq!(s.trims(&[QUIET, QUIET], 6, 5), 1);
+        }
+
+        #[test]
+        fn a_load_at_rests_edge_trims_at_most_every_third_second() {
+            let mut s = Seconds::new();
+            s.trims(&[QUIET, QUIET], 7, 7);
+            // Each busy second grows the memory again: busy and quiet seconds in turn are
+            // never two quiet in a row.
+            assert_eq!(s.trims(&[BUSY, QUIET].repeat(50), 8, 7), 0);
+            // Seconds at the bar or over it break a rest.
+            assert_eq!(
+                s.trims(&[BUSY, QUIET, 20, QUIET, 30, QUIET].repeat(10), 8, 7),
+                0
+            );
+            // A load every third second: one trim each time.
+            assert_eq!(s.trims(&[BUSY, QUIET, QUIET].repeat(10), 8, 7), 10);
+        }
+
+        #[test]
+        fn trims_are_spaced_by_what_they_took() {
+            let mut s = Seconds::new();
+            s.trims(&[QUIET, QUIET], 7, 7);
+            s.r.not_before = s.at + Duration::from_secs(4);
+            assert_eq!(s.trims(&[BUSY, QUIET, QUIET], 8, 7), 0, "3 s of 4 waited");
+            assert_eq!(s.trims(&[QUIET], 8, 7), 1, "the rest's trim, late");
+            assert_eq!(s.trims(&[QUIET, QUIET], 7, 7), 0);
+        }
+
+        #[test]
+        fn a_few_requests_answered_are_work_to_rest_from() {
+            let mut s = Seconds::new();
+            s.trims(&[QUIET, QUIET], 7, 7);
+            assert_eq!(s.trims(&[QUIET; 5], 8, 7), 0, "none answered");
+            s.answering = true;
+            assert_eq!(s.look(QUIET, 8, 7), None, "the second they came in");
+            assert_eq!(s.look(QUIET, 8, 7), None);
+            assert_eq!(s.look(QUIET, 8, 7), Some("rest"));
+            s.answering = true;
+            assert_eq!(s.look(QUIET, 8, 7), None);
+            assert_eq!(s.look(QUIET, 8, 7), None);
+            s.answering = true;
+            assert_eq!(
+                s.look(QUIET, 8, 7),
+                None,
+                "a second with a request is no rest"
+            );
+            assert_eq!(s.look(QUIET, 8, 7), None);
+            assert_eq!(s.look(QUIET, 8, 7), Some("rest"));
+        }
+
+        #[test]
+        fn a_host_with_busier_beats_still_comes_to_rest() {
+            let mut s = Seconds::new();
+            assert_eq!(s.trims(&[30, 31], 8, 7), 1, "bar 60 ms");
+            assert_eq!(s.trims(&[200, 30, 30], 8, 7), 1);
+        }
+
+        #[test]
+        fn a_steady_load_keeps_its_free_heap() {
+            let mut s = Seconds::new();
+            s.trims(&[QUIET, QUIET], 6, 6);
+            // The CPU moves as much as this VM moves it, the memory grows as it fills.
+            for (mb, ms) in [
+                (10, 500),
+                (14, 300),
+                (19, 700),
+                (25, 350),
+                (30, 600),
+                (36, 250),
+            ] {
+                assert_eq!(s.look(ms, mb, mb), None, "{mb} MB, {ms} ms");
+            }
+        }
+
+        #[test]
+        fn the_heap_freed_by_a_burst_goes_back_while_requests_still_come() {
+            let mut s = Seconds::new();
+            s.trims(&[QUIET, QUIET], 6, 6);
+            assert_eq!(s.look(BUSY, 50, 50), None, "the burst");
+            assert_eq!(s.look(BUSY, 88, 88), None);
+            assert_eq!(
+                s.look(LIGHT, 88, 40),
+                Some("burst"),
+                "its load fell under a quarter"
+            );
+            assert_eq!(s.look(LIGHT, 41, 41), None, "once");
+            assert_eq!(s.look(QUIET, 41, 41), None);
+            assert_eq!(
+                s.look(QUIET, 41, 39),
+                Some("rest"),
+                "then at rest, the spell's"
+            );
+        }
+
+        #[test]
+        fn memory_grown_in_use_is_trimmed_at_most_once_per_its_growth() {
+            let mut s = Seconds::new();
+            s.trims(&[QUIET, QUIET], 20, 20);
+            assert_eq!(s.look(BUSY, 22, 22), None);
+            assert_eq!(s.look(LIGHT, 23, 23), None, "grown 3 MB: kept");
+            assert_eq!(s.look(BUSY, 26, 26), None);
+            assert_eq!(
+                s.look(LIGHT, 26, 26),
+                Some("burst"),
+                "grown 6 MB, the load fell"
+            );
+            assert_eq!(s.look(BUSY, 27, 27), None);
+            assert_eq!(s.look(LIGHT, 27, 27), None, "nothing grew since");
+        }
     }
 }

@@ -30,6 +30,7 @@ pub const TRANSLATION_DROPPED: &str = "gateway_translation_dropped_total";
 pub const CATALOG_STALE: &str = "gateway_catalog_stale";
 pub const SERVED_TIER: &str = "gateway_upstream_service_tier_total";
 pub const CACHE_BUDGET_LEFT_OUT: &str = "gateway_cache_hit_budget_header_left_out_total";
+pub const HEAP_TRIMS: &str = "gateway_heap_trims_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0,
@@ -119,6 +120,10 @@ fn describe() {
         "Cache hits answered without x-sluice-budget-remaining-usd because their budget read failed (failed), was not done within the gateway's bound (late), or not begun because the client's own deadline left it too little time (deadline)."
     );
     describe_counter!(
+        HEAP_TRIMS,
+        "Free heap handed back to the OS, by rule: rest (the gateway came to rest) or burst (a burst's load fell while requests still came)."
+    );
+    describe_counter!(
         crate::ops::traces::SPANS_DROPPED,
         "Trace spans never delivered to the OTLP collector, by reason: queue_full (the export queue was full) or export_failed."
     );
@@ -187,6 +192,10 @@ pub fn catalog_stale(stale: bool) {
 /// `deadline`.
 pub fn cache_budget_left_out(reason: &'static str) {
     counter!(CACHE_BUDGET_LEFT_OUT, "reason" => reason).increment(1);
+}
+
+pub fn heap_trim(rule: &'static str) {
+    counter!(HEAP_TRIMS, "rule" => rule).increment(1);
 }
 
 pub fn alert(kind: &'static str) {

@@ -37,6 +37,7 @@ impl RequestLog {
     /// Emits the log line and the metrics, and queues the row (waits only if the log is
     /// thousands of rows behind).
     pub async fn record(&self, row: RequestRow) {
+        crate::ops::memory::served();
         if row.trace.is_on() {
             let error = (row.status >= 500).then(|| row.error_code.unwrap_or("error"));
             row.trace.finish(&row.model, trace_attributes(&row), error);
