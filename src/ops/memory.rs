@@ -129,9 +129,8 @@ mod glibc {
             tv_nsec: 0,
         };
         // SAFETY: clock_gettime writes the timespec it is given; both clocks are always
-        // there on Linux (were one not, `t` stays zero: the process's CPU reads 0, every
-        // second looks quiet and the rest rule trims once, then waits for a busy second
-        // that never comes).
+        // there on Linux (were one not, `t` stays zero: every second looks quiet, and only
+        // the requests answered tell work from rest).
         unsafe { libc::clock_gettime(clock, &mut t) };
         Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
     }
@@ -143,12 +142,12 @@ mod glibc {
     /// - **`rest`**: `REST_LOOKS` quiet seconds in a row in which no request was answered,
     ///   after work (a request answered, or a second that was not quiet), the anonymous
     ///   memory grown by more than `REST_GROWN` since the last trim — once per spell of
-    ///   rest. What work leaves free otherwise stays: 1.8–3.5 MB
-    ///   of heap after the warm-up of `overhead.py`'s streams phase, of which a trim gave
-    ///   back 0.7–1.2 MB of the RSS (s44). Not the memory's growth since the last trim:
-    ///   what is freed after a trim does not lower the RSS, so a trim in the middle of a
-    ///   light load hid what the rest of it freed. A load that comes and goes at rest's
-    ///   edge trims at most every third second, and `TRIM_SPACING` bounds what that costs.
+    ///   rest. What work leaves free otherwise stays: 1.8–3.5 MB of heap after the warm-up
+    ///   of `overhead.py`'s streams phase, of which a trim gave back 0.7–1.2 MB of the RSS
+    ///   (s44). The growth is measured from the memory left by the last trim, though what
+    ///   is freed afterwards does not lower the RSS: a trim in the middle of light work
+    ///   sees only what that work grew after it. A load that comes and goes at rest's edge
+    ///   trims at most every third second, and `TRIM_SPACING` bounds what that costs.
     /// - **`burst`** while requests still come: the anonymous memory grew by more than
     ///   `GROWN` since the last trim and the process's CPU fell under a quarter of its
     ///   busiest second since then. After 1 000 streams the gateway held 88 MB against
