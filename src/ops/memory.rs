@@ -238,6 +238,37 @@ mod glibc {
     mod tests {
         use super::*;
 
+        #[test]
+        fn the_anonymous_memory_read_is_the_kernels_own_count() {
+            let anon = anonymous_rss().expect("/proc/self/statm is readable on Linux");
+            let status = std::fs::read_to_string("/proc/self/status").unwrap();
+            let rss_kb: usize = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                .unwrap();
+            // Other tests' threads may free memory between the two reads: room for it.
+            assert!(
+                anon > 0 && anon <= rss_kb * 1024 + (64 << 20),
+                "{anon} of {rss_kb} kB"
+            );
+        }
+
+        #[test]
+        fn the_cpu_read_leaves_this_threads_own_out() {
+            let (process, others) = (cpu(libc::CLOCK_PROCESS_CPUTIME_ID), others_cpu());
+            let spin = Instant::now();
+            while spin.elapsed() < Duration::from_millis(50) {
+                std::hint::black_box(0u64);
+            }
+            let (process_after, others_after) = (cpu(libc::CLOCK_PROCESS_CPUTIME_ID), others_cpu());
+            // Whatever other tests' threads ran meanwhile counts in both; this thread's
+            // ~50 ms of spinning only in the process's.
+            let left_out =
+                (process_after - process).saturating_sub(others_after.saturating_sub(others));
+            assert!(left_out >= Duration::from_millis(30), "{left_out:?}");
+        }
+
         const MB: usize = 1 << 20;
         const BUSY: u64 = 400;
         const LIGHT: u64 = 90;
