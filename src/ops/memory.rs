@@ -70,18 +70,28 @@ mod glibc {
     /// heap), so it never takes more than a hundredth of a core.
     const TRIM_SPACING: u32 = 100;
 
+    /// The spacing's cap: a trim's wall-clock time also counts a stop of the process in the
+    /// middle of it (SIGSTOP, a paused container), which must not hold trims off for hours.
+    const MOST_SPACING: Duration = Duration::from_secs(60);
+
     pub fn start_releasing() {
         let spawned = std::thread::Builder::new()
             .name("heap-release".into())
             .spawn(|| {
                 let mut releaser = Releaser::new(Instant::now(), others_cpu());
                 let mut served = 0;
+                let mut unreadable = false;
                 loop {
                     std::thread::sleep(LOOK_EVERY);
-                    // Unreadable (out of file descriptors, say): no look this second.
+                    // Unreadable (out of file descriptors, say): no look this second; the
+                    // next one takes the CPU of the seconds missed as their average.
                     let Some(anon) = anonymous_rss() else {
+                        if !std::mem::replace(&mut unreadable, true) {
+                            tracing::warn!("the heap-release thread cannot read /proc/self/statm: no trims until it can");
+                        }
                         continue;
                     };
+                    unreadable = false;
                     let now = Instant::now();
                     let seen = std::mem::replace(
                         &mut served,
@@ -172,6 +182,8 @@ mod glibc {
         busiest: Duration,
         /// No trim before this (`TRIM_SPACING`).
         not_before: Instant,
+        /// When the last look was.
+        looked: Instant,
     }
 
     impl Releaser {
@@ -183,6 +195,7 @@ mod glibc {
                 floor: 0,
                 busiest: Duration::ZERO,
                 not_before: now,
+                looked: now,
             }
         }
 
@@ -197,11 +210,20 @@ mod glibc {
             anon: usize,
             answered: bool,
         ) -> Option<&'static str> {
-            let spent = cpu.saturating_sub(self.cpu);
+            // Per second: a look skipped (or a sleep overslept) spreads its CPU over the
+            // seconds it covers, not into one busy second that would make a steady load
+            // look like a burst that fell.
+            let seconds = now.saturating_duration_since(self.looked).max(LOOK_EVERY);
+            let spent = cpu
+                .saturating_sub(self.cpu)
+                .mul_f64(LOOK_EVERY.as_secs_f64() / seconds.as_secs_f64());
             self.cpu = cpu;
+            self.looked = now;
             // The least second creeps up (~1.6 % a look) so one second that was cut short
             // (the VM paused the process, say) does not hold the bar down for good.
-            self.least = spent.min(self.least.saturating_add(self.least / 64));
+            // (From 0 too: a clock that read nothing once must not pin the bar.)
+            let creep = self.least / 64 + Duration::from_micros(100);
+            self.least = spent.min(self.least.saturating_add(creep));
             let bar = self
                 .least
                 .saturating_mul(2)
@@ -230,7 +252,8 @@ mod glibc {
         pub(super) fn trimmed(&mut self, started: Instant, ended: Instant, anon: usize) {
             self.floor = anon;
             self.busiest = Duration::ZERO;
-            self.not_before = ended + (ended - started).saturating_mul(TRIM_SPACING);
+            let took = ended.saturating_duration_since(started);
+            self.not_before = ended + took.saturating_mul(TRIM_SPACING).min(MOST_SPACING);
         }
     }
 
@@ -423,6 +446,42 @@ mod glibc {
                 "bar 20 ms after the 8 ms"
             );
             assert_eq!(s.trims(&[30; 100], 8, 7), 1, "risen back within 100 s");
+        }
+
+        #[test]
+        fn a_look_skipped_under_a_steady_load_is_no_burst_that_fell() {
+            let mut s = Seconds::new();
+            s.trims(&[QUIET, QUIET], 7, 7);
+            assert_eq!(s.look(BUSY, 8, 8), None);
+            // statm unreadable for 4 s: the next look covers 5 s of the same load.
+            s.at += LOOK_EVERY * 4;
+            s.cpu += Duration::from_millis(BUSY * 4);
+            assert_eq!(s.look(BUSY, 20, 20), None);
+            assert_eq!(s.look(BUSY, 20, 20), None, "the busiest is one second's");
+        }
+
+        #[test]
+        fn a_trim_stretched_by_a_stopped_process_holds_the_next_off_a_minute_at_most() {
+            let mut s = Seconds::new();
+            s.trims(&[QUIET], 7, 7);
+            s.at += LOOK_EVERY;
+            assert_eq!(s.r.look(s.at, s.cpu, 7 * MB, false), Some("rest"));
+            s.r.trimmed(s.at, s.at + Duration::from_secs(600), 7 * MB);
+            s.at += Duration::from_secs(600);
+            s.answering = true;
+            assert_eq!(s.trims(&[QUIET; 61], 8, 7), 1);
+        }
+
+        #[test]
+        fn a_second_that_read_no_cpu_does_not_pin_the_quiet_bar() {
+            let mut s = Seconds::new();
+            assert_eq!(s.trims(&[30, 30], 7, 7), 1, "beats of 30 ms");
+            assert_eq!(
+                s.trims(&[BUSY, 0, 30, 30], 8, 7),
+                0,
+                "bar 20 ms after the 0"
+            );
+            assert_eq!(s.trims(&[30; 400], 8, 7), 1, "risen back");
         }
 
         #[test]
