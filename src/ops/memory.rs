@@ -280,8 +280,14 @@ mod glibc {
         #[test]
         fn the_cpu_read_leaves_this_threads_own_out() {
             let (process, others) = (cpu(libc::CLOCK_PROCESS_CPUTIME_ID), others_cpu());
+            // Spin until this thread has had 50 ms of CPU, not 50 ms of wall clock: on a
+            // busy 2-core runner the other tests' threads can take most of a wall-clock
+            // span (CI failed on that once).
+            let own = cpu(libc::CLOCK_THREAD_CPUTIME_ID);
             let spin = Instant::now();
-            while spin.elapsed() < Duration::from_millis(50) {
+            while cpu(libc::CLOCK_THREAD_CPUTIME_ID) - own < Duration::from_millis(50)
+                && spin.elapsed() < Duration::from_secs(30)
+            {
                 std::hint::black_box(0u64);
             }
             let (process_after, others_after) = (cpu(libc::CLOCK_PROCESS_CPUTIME_ID), others_cpu());
