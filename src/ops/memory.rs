@@ -158,6 +158,9 @@ mod glibc {
     ///   is freed afterwards does not lower the RSS: a trim in the middle of light work
     ///   sees only what that work grew after it. A load that comes and goes at rest's edge
     ///   trims at most every third second, and `TRIM_SPACING` bounds what that costs.
+    ///   After a `burst` trim the next rest trims whatever grew: what the burst's last
+    ///   requests free after that trim (the last of 1 000 streams ending) shows as no
+    ///   growth, and would stay.
     /// - **`burst`** while requests still come: the anonymous memory grew by more than
     ///   `GROWN` since the last trim and the process's CPU fell under a quarter of its
     ///   busiest second since then. After 1 000 streams the gateway held 88 MB against
@@ -180,6 +183,8 @@ mod glibc {
         floor: usize,
         /// The busiest second's CPU since the last trim.
         busiest: Duration,
+        /// A `burst` trim since the last `rest` one: the next rest is due whatever grew.
+        burst_trimmed: bool,
         /// No trim before this (`TRIM_SPACING`).
         not_before: Instant,
         /// When the last look was.
@@ -194,6 +199,7 @@ mod glibc {
                 quiet_looks: Some(0),
                 floor: 0,
                 busiest: Duration::ZERO,
+                burst_trimmed: false,
                 not_before: now,
                 looked: now,
             }
@@ -240,10 +246,14 @@ mod glibc {
                 return None;
             }
             let grown = anon.saturating_sub(self.floor);
-            if self.quiet_looks.is_some_and(|n| n >= REST_LOOKS) && grown > REST_GROWN {
+            if self.quiet_looks.is_some_and(|n| n >= REST_LOOKS)
+                && (grown > REST_GROWN || self.burst_trimmed)
+            {
                 self.quiet_looks = None;
+                self.burst_trimmed = false;
                 return Some("rest");
             }
+            self.burst_trimmed |= burst_over;
             burst_over.then_some("burst")
         }
 
@@ -532,6 +542,22 @@ mod glibc {
                 Some("rest"),
                 "then at rest, the spell's"
             );
+        }
+
+        #[test]
+        fn what_a_burst_frees_after_its_trim_goes_back_at_the_rest_after_it() {
+            let mut s = Seconds::new();
+            s.trims(&[QUIET, QUIET], 6, 6);
+            assert_eq!(s.look(BUSY, 88, 88), None, "1 000 streams");
+            assert_eq!(s.look(LIGHT, 88, 49), Some("burst"), "most have ended");
+            // The last streams end: what they free leaves the RSS as it was, no growth.
+            assert_eq!(s.look(QUIET, 49, 49), None);
+            assert_eq!(
+                s.look(QUIET, 49, 23),
+                Some("rest"),
+                "due after a burst's trim"
+            );
+            assert_eq!(s.trims(&[BUSY, QUIET, QUIET], 23, 23), 0, "once");
         }
 
         #[test]
