@@ -158,9 +158,10 @@ mod glibc {
     ///   is freed afterwards does not lower the RSS: a trim in the middle of light work
     ///   sees only what that work grew after it. A load that comes and goes at rest's edge
     ///   trims at most every third second, and `TRIM_SPACING` bounds what that costs.
-    ///   After a `burst` trim the next rest trims whatever grew: what the burst's last
-    ///   requests free after that trim (the last of 1 000 streams ending) shows as no
-    ///   growth, and would stay.
+    ///   After a `burst` trim, once requests have ended since it, the next rest trims
+    ///   whatever grew: what the burst's last requests free (the last of 1 000 streams
+    ///   ending) shows as no growth, and would stay. Not when none ended (nothing new is
+    ///   free); and what stragglers free after that rest stays.
     /// - **`burst`** while requests still come: the anonymous memory grew by more than
     ///   `GROWN` since the last trim and the process's CPU fell under a quarter of its
     ///   busiest second since then. After 1 000 streams the gateway held 88 MB against
@@ -183,12 +184,24 @@ mod glibc {
         floor: usize,
         /// The busiest second's CPU since the last trim.
         busiest: Duration,
-        /// A `burst` trim since the last `rest` one: the next rest is due whatever grew.
-        burst_trimmed: bool,
+        /// Where the last `burst` trim's tail is: its requests ending free what the RSS
+        /// does not show.
+        tail: Tail,
         /// No trim before this (`TRIM_SPACING`).
         not_before: Instant,
         /// When the last look was.
         looked: Instant,
+    }
+
+    /// A `burst` trim's tail, for the rest after it.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum Tail {
+        /// No burst trimmed since the last rest's trim.
+        None,
+        /// A burst trimmed, no request answered since.
+        Running,
+        /// Requests answered since the burst's trim: the next rest is due.
+        Ended,
     }
 
     impl Releaser {
@@ -199,7 +212,7 @@ mod glibc {
                 quiet_looks: Some(0),
                 floor: 0,
                 busiest: Duration::ZERO,
-                burst_trimmed: false,
+                tail: Tail::None,
                 not_before: now,
                 looked: now,
             }
@@ -225,6 +238,9 @@ mod glibc {
                 .mul_f64(LOOK_EVERY.as_secs_f64() / seconds.as_secs_f64());
             self.cpu = cpu;
             self.looked = now;
+            if answered && self.tail == Tail::Running {
+                self.tail = Tail::Ended;
+            }
             // The least second creeps up (~1.6 % a look) so one second that was cut short
             // (the VM paused the process, say) does not hold the bar down for good.
             // (From 0 too: a clock that read nothing once must not pin the bar.)
@@ -247,13 +263,15 @@ mod glibc {
             }
             let grown = anon.saturating_sub(self.floor);
             if self.quiet_looks.is_some_and(|n| n >= REST_LOOKS)
-                && (grown > REST_GROWN || self.burst_trimmed)
+                && (grown > REST_GROWN || self.tail == Tail::Ended)
             {
                 self.quiet_looks = None;
-                self.burst_trimmed = false;
+                self.tail = Tail::None;
                 return Some("rest");
             }
-            self.burst_trimmed |= burst_over;
+            if burst_over {
+                self.tail = Tail::Running;
+            }
             burst_over.then_some("burst")
         }
 
@@ -300,9 +318,10 @@ mod glibc {
             {
                 std::hint::black_box(0u64);
             }
-            let (process_after, others_after) = (cpu(libc::CLOCK_PROCESS_CPUTIME_ID), others_cpu());
+            let (others_after, process_after) = (others_cpu(), cpu(libc::CLOCK_PROCESS_CPUTIME_ID));
             // Whatever other tests' threads ran meanwhile counts in both; this thread's
-            // ~50 ms of spinning only in the process's.
+            // ~50 ms of spinning only in the process's. Read in this order, the process's
+            // span holds the others' span, so a preemption between two reads only adds.
             let left_out =
                 (process_after - process).saturating_sub(others_after.saturating_sub(others));
             assert!(left_out >= Duration::from_millis(30), "{left_out:?}");
@@ -550,14 +569,39 @@ mod glibc {
             s.trims(&[QUIET, QUIET], 6, 6);
             assert_eq!(s.look(BUSY, 88, 88), None, "1 000 streams");
             assert_eq!(s.look(LIGHT, 88, 49), Some("burst"), "most have ended");
-            // The last streams end: what they free leaves the RSS as it was, no growth.
             assert_eq!(s.look(QUIET, 49, 49), None);
-            assert_eq!(
-                s.look(QUIET, 49, 23),
-                Some("rest"),
-                "due after a burst's trim"
-            );
+            assert_eq!(s.look(QUIET, 49, 49), None, "none ended: not yet");
+            // The last streams end: what they free leaves the RSS as it was, no growth.
+            s.answering = true;
+            assert_eq!(s.look(QUIET, 49, 49), None);
+            assert_eq!(s.look(QUIET, 49, 49), None);
+            assert_eq!(s.look(QUIET, 49, 23), Some("rest"), "due after their end");
+            s.answering = true;
             assert_eq!(s.trims(&[BUSY, QUIET, QUIET], 23, 23), 0, "once");
+        }
+
+        #[test]
+        fn a_burst_that_ended_at_its_trim_is_not_trimmed_again() {
+            let mut s = Seconds::new();
+            s.trims(&[QUIET, QUIET], 6, 6);
+            assert_eq!(s.look(BUSY, 88, 88), None);
+            assert_eq!(s.look(LIGHT, 88, 23), Some("burst"));
+            assert_eq!(s.trims(&[QUIET; 5], 23, 23), 0, "nothing ended since");
+        }
+
+        #[test]
+        fn a_burst_held_off_by_the_spacing_leaves_no_tail() {
+            let mut s = Seconds::new();
+            s.trims(&[QUIET], 7, 7);
+            s.at += LOOK_EVERY;
+            assert_eq!(s.r.look(s.at, s.cpu, 7 * MB, false), Some("rest"));
+            s.r.trimmed(s.at, s.at + Duration::from_millis(40), 7 * MB);
+            s.answering = true;
+            assert_eq!(s.look(BUSY, 20, 20), None, "no trim for 4 s");
+            assert_eq!(s.look(LIGHT, 20, 20), None, "a burst over, held off");
+            // Its large buffers were mapped apart and went back when freed: nothing grew.
+            s.answering = true;
+            assert_eq!(s.trims(&[QUIET, QUIET, QUIET, QUIET], 7, 7), 0);
         }
 
         #[test]
