@@ -220,6 +220,16 @@ mod tests {
             rule
         }
 
+        /// A gateway whose start-up's rest trim took `took`.
+        fn after_a_rest_trim_of(took: Duration) -> Self {
+            let mut s = Self::new();
+            s.trims(&[QUIET], 7, 7);
+            s.at += LOOK_EVERY;
+            assert_eq!(s.r.look(s.at, s.cpu, 7 * MB, false), Some("rest"));
+            s.r.trimmed(s.at, s.at + took, 7 * MB);
+            s
+        }
+
         /// Seconds of `ms` each, the memory at `anon` and `left` after a trim.
         fn trims(&mut self, seconds: &[u64], anon_mb: usize, left_mb: usize) -> usize {
             seconds
@@ -307,11 +317,7 @@ mod tests {
 
     #[test]
     fn a_long_trim_holds_the_next_off_for_a_hundred_times_as_long() {
-        let mut s = Seconds::new();
-        s.trims(&[QUIET], 7, 7);
-        s.at += LOOK_EVERY;
-        assert_eq!(s.r.look(s.at, s.cpu, 7 * MB, false), Some("rest"));
-        s.r.trimmed(s.at, s.at + Duration::from_millis(40), 7 * MB);
+        let mut s = Seconds::after_a_rest_trim_of(Duration::from_millis(40));
         // No trim for 4 s after it ended.
         s.answering = true;
         assert_eq!(s.trims(&[QUIET, QUIET, QUIET, QUIET], 8, 7), 0);
@@ -326,16 +332,22 @@ mod tests {
         assert_eq!(s.trims(&[BUSY, 110, 110, 110], 8, 7), 0);
     }
 
-    #[test]
-    fn one_short_second_does_not_hold_the_quiet_bar_down() {
+    /// Beats of 30 ms (a bar of 60 ms), one second of `short` ms (the bar down to 20 ms),
+    /// then beats again: the bar rises back within `risen_within` seconds.
+    fn a_short_second_among_beats_of_30_ms(short: u64, risen_within: usize) {
         let mut s = Seconds::new();
         assert_eq!(s.trims(&[30, 30], 7, 7), 1, "beats of 30 ms: bar 60 ms");
         assert_eq!(
-            s.trims(&[BUSY, 8, 30, 30], 8, 7),
+            s.trims(&[BUSY, short, 30, 30], 8, 7),
             0,
-            "bar 20 ms after the 8 ms"
+            "bar 20 ms after the {short} ms"
         );
-        assert_eq!(s.trims(&[30; 100], 8, 7), 1, "risen back within 100 s");
+        assert_eq!(s.trims(&vec![30; risen_within], 8, 7), 1, "risen back");
+    }
+
+    #[test]
+    fn one_short_second_does_not_hold_the_quiet_bar_down() {
+        a_short_second_among_beats_of_30_ms(8, 100);
     }
 
     #[test]
@@ -352,11 +364,7 @@ mod tests {
 
     #[test]
     fn a_trim_stretched_by_a_stopped_process_holds_the_next_off_a_minute_at_most() {
-        let mut s = Seconds::new();
-        s.trims(&[QUIET], 7, 7);
-        s.at += LOOK_EVERY;
-        assert_eq!(s.r.look(s.at, s.cpu, 7 * MB, false), Some("rest"));
-        s.r.trimmed(s.at, s.at + Duration::from_secs(600), 7 * MB);
+        let mut s = Seconds::after_a_rest_trim_of(Duration::from_secs(600));
         s.at += Duration::from_secs(600);
         s.answering = true;
         assert_eq!(s.trims(&[QUIET; 61], 8, 7), 1);
@@ -364,14 +372,7 @@ mod tests {
 
     #[test]
     fn a_second_that_read_no_cpu_does_not_pin_the_quiet_bar() {
-        let mut s = Seconds::new();
-        assert_eq!(s.trims(&[30, 30], 7, 7), 1, "beats of 30 ms");
-        assert_eq!(
-            s.trims(&[BUSY, 0, 30, 30], 8, 7),
-            0,
-            "bar 20 ms after the 0"
-        );
-        assert_eq!(s.trims(&[30; 400], 8, 7), 1, "risen back");
+        a_short_second_among_beats_of_30_ms(0, 400);
     }
 
     #[test]
@@ -488,11 +489,7 @@ mod tests {
 
     #[test]
     fn a_burst_held_off_by_the_spacing_leaves_no_tail() {
-        let mut s = Seconds::new();
-        s.trims(&[QUIET], 7, 7);
-        s.at += LOOK_EVERY;
-        assert_eq!(s.r.look(s.at, s.cpu, 7 * MB, false), Some("rest"));
-        s.r.trimmed(s.at, s.at + Duration::from_millis(40), 7 * MB);
+        let mut s = Seconds::after_a_rest_trim_of(Duration::from_millis(40));
         s.answering = true;
         assert_eq!(s.look(BUSY, 20, 20), None, "no trim for 4 s");
         assert_eq!(s.look(LIGHT, 20, 20), None, "a burst over, held off");
