@@ -46,9 +46,9 @@ pub fn start_releasing() {
 /// data), from `/proc/self/statm`: resident less shared pages, counted by the kernel —
 /// where glibc's own statistics (`mallinfo2`, read here each second before s44) walk
 /// every free chunk of every arena under its lock: 0.2 ms a look on a fresh gateway,
-/// up to 6–8 ms of CPU (7–12 ms from its first sample to its last) 50 s into a load at
-/// one client with every feature on, each second on the
-/// gateway's core (`perf record` of this thread). None if the file cannot be read.
+/// up to 6–8 ms of CPU (7–12 ms from its first sample to its last) each second, 50 s into
+/// a load at one client with every feature on, on the gateway's core (`perf record` of
+/// this thread). None if the file cannot be read.
 fn anonymous_rss() -> Option<usize> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let mut pages = statm.split_ascii_whitespace().skip(1);
@@ -105,7 +105,7 @@ mod tests {
         // span (CI failed on that once).
         let own = cpu(libc::CLOCK_THREAD_CPUTIME_ID);
         let spin = Instant::now();
-        while cpu(libc::CLOCK_THREAD_CPUTIME_ID) - own < Duration::from_millis(50)
+        while cpu(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(own) < Duration::from_millis(50)
             && spin.elapsed() < Duration::from_secs(30)
         {
             std::hint::black_box(0u64);
@@ -114,8 +114,8 @@ mod tests {
         // Whatever other tests' threads ran meanwhile counts in both; this thread's
         // ~50 ms of spinning only in the process's. Read in this order, the process's
         // span holds the others' span, so a preemption between two reads only adds.
-        let left_out =
-            (process_after - process).saturating_sub(others_after.saturating_sub(others));
+        let left_out = (process_after.saturating_sub(process))
+            .saturating_sub(others_after.saturating_sub(others));
         assert!(left_out >= Duration::from_millis(30), "{left_out:?}");
     }
 }

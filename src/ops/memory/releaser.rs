@@ -58,7 +58,7 @@ const MOST_SPACING: Duration = Duration::from_secs(60);
 ///   trims at most every third second, and `TRIM_SPACING` bounds what that costs.
 ///   A rest within `BURST_TAIL` of a `burst` trim, its quiet seconds counted from that
 ///   trim, trims whatever grew: what the burst's end frees after the trim shows as no
-///   growth, and stayed — 2.3 MB two seconds after the trim that followed 1 000
+///   growth, and stayed — 2.1–2.3 MB two seconds after the trim that followed 1 000
 ///   streams, all answered before it; 0.2 MB a second after it (s45). What stragglers
 ///   free after that rest stays.
 /// - **`burst`** while requests still come: the anonymous memory grew by more than
@@ -83,7 +83,8 @@ pub(super) struct Releaser {
     floor: usize,
     /// The busiest second's CPU since the last trim.
     busiest: Duration,
-    /// A `burst` trim since the last `rest` one: the next rest is due whatever grew.
+    /// When the last `burst` trim was, if no `rest` has trimmed since: a rest within
+    /// `BURST_TAIL` of it is due whatever grew.
     burst_trim: Option<Instant>,
     /// No trim before this (`TRIM_SPACING`).
     not_before: Instant,
@@ -135,7 +136,7 @@ impl Releaser {
             .saturating_mul(2)
             .clamp(QUIET_CPU, QUIET_CPU_MOST);
         self.quiet_looks = if spent < bar && !answered {
-            self.quiet_looks.map(|n| n + 1)
+            self.quiet_looks.map(|n| n.saturating_add(1))
         } else {
             Some(0)
         };
