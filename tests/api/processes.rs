@@ -495,3 +495,36 @@ async fn a_stalled_gateway_keeps_its_reservations() {
     );
     assert_eq!(spent, logged, "charged twice");
 }
+
+/// The heap-release thread runs in the binary (`ops::memory`): the start-up's free heap
+/// goes back at its first rest, two quiet seconds in, and `/metrics` counts the trim by its
+/// rule. Scraped once a second: a scrape is no request answered, and costs the second
+/// little CPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_start_ups_free_heap_goes_back_at_rest_and_is_counted() {
+    let r = rig(&[]).await;
+    let http = reqwest::Client::new();
+    let trimmed_at_rest = |text: &str| {
+        text.lines()
+            .any(|l| l.starts_with("gateway_heap_trims_total{rule=\"rest\"} "))
+    };
+    let mut text = String::new();
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        text = http
+            .get(format!("{}/metrics", r.gateway.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if trimmed_at_rest(&text) {
+            break;
+        }
+    }
+    assert!(
+        trimmed_at_rest(&text),
+        "no rest trim counted in 20 s:\n{text}"
+    );
+}
