@@ -39,6 +39,12 @@ const TRIM_SPACING: u32 = 100;
 /// what it freed, and a trim would only walk the heap.
 const BURST_TAIL: Duration = Duration::from_secs(10);
 
+/// For this long after a trim, growth counts from the memory the trim began at, not
+/// from what it left: a load that comes back within it faults the handed-back pages in
+/// again, and trimming them once more each time would cost a walk of the heap and the
+/// faults per cycle for nothing (s45 stop attack F1: a batch every 2 s trimmed every 2 s).
+const REFAULT_WINDOW: Duration = Duration::from_secs(60);
+
 /// The spacing's cap: a trim's wall-clock time also counts a stop of the process in the
 /// middle of it (SIGSTOP, a paused container), which must not hold trims off for hours.
 const MOST_SPACING: Duration = Duration::from_secs(60);
@@ -54,8 +60,11 @@ const MOST_SPACING: Duration = Duration::from_secs(60);
 ///   of `overhead.py`'s streams phase, of which a trim gave back 0.7–1.2 MB of the RSS
 ///   (s44). The growth is measured from the memory left by the last trim, though what
 ///   is freed afterwards does not lower the RSS: a trim in the middle of light work
-///   sees only what that work grew after it. A load that comes and goes at rest's edge
-///   trims at most every third second, and `TRIM_SPACING` bounds what that costs.
+///   sees only what that work grew after it; and for `REFAULT_WINDOW` after a trim it
+///   counts from what the trim began at, so pages handed back and faulted in again by
+///   the same load are not trimmed again each time. A load that comes and goes at rest's
+///   edge trims at most every third second (with new memory each time; once a minute
+///   when its memory only comes back), and `TRIM_SPACING` bounds what that costs.
 ///   A rest within `BURST_TAIL` of a `burst` trim, its quiet seconds counted from that
 ///   trim, trims whatever grew: what the burst's end frees after the trim shows as no
 ///   growth, and stayed — 2.1–2.3 MB two seconds after the trim that followed 1 000
@@ -81,6 +90,10 @@ pub(super) struct Releaser {
     quiet_looks: Option<u32>,
     /// The anonymous memory after the last trim.
     floor: usize,
+    /// The anonymous memory at the look that made the last trim, and when it was
+    /// (`REFAULT_WINDOW`).
+    trimmed_from: usize,
+    trimmed_at: Instant,
     /// The busiest second's CPU since the last trim.
     busiest: Duration,
     /// When the last `burst` trim was, if no `rest` has trimmed since: a rest within
@@ -99,6 +112,8 @@ impl Releaser {
             least: Duration::MAX,
             quiet_looks: Some(0),
             floor: 0,
+            trimmed_from: 0,
+            trimmed_at: now,
             busiest: Duration::ZERO,
             burst_trim: None,
             not_before: now,
@@ -140,13 +155,18 @@ impl Releaser {
         } else {
             Some(0)
         };
+        let base = if now.saturating_duration_since(self.trimmed_at) < REFAULT_WINDOW {
+            self.floor.max(self.trimmed_from)
+        } else {
+            self.floor
+        };
         let burst_over =
-            anon > self.floor.saturating_add(GROWN) && spent.saturating_mul(4) < self.busiest;
+            anon > base.saturating_add(GROWN) && spent.saturating_mul(4) < self.busiest;
         self.busiest = self.busiest.max(spent);
         if now < self.not_before {
             return None;
         }
-        let grown = anon.saturating_sub(self.floor);
+        let grown = anon.saturating_sub(base);
         if self.quiet_looks.is_some_and(|n| n >= REST_LOOKS)
             && (grown > REST_GROWN
                 || self
@@ -155,6 +175,7 @@ impl Releaser {
         {
             self.quiet_looks = None;
             self.burst_trim = None;
+            (self.trimmed_from, self.trimmed_at) = (anon, now);
             return Some("rest");
         }
         if burst_over {
@@ -162,6 +183,7 @@ impl Releaser {
             // goes on freeing for a second or two after the CPU fell. (A spell whose rest
             // has trimmed stays over: its next rest comes after work.)
             self.burst_trim = Some(now);
+            (self.trimmed_from, self.trimmed_at) = (anon, now);
             if let Some(n) = self.quiet_looks.as_mut() {
                 *n = 0;
             }
@@ -248,7 +270,7 @@ mod tests {
         assert_eq!(s.look(QUIET, 8, 7), None, "one quiet second is not rest");
         assert_eq!(s.look(QUIET, 8, 7), Some("rest"), "two in a row are");
         assert_eq!(s.trims(&[QUIET; 10], 7, 7), 0, "once per spell of rest");
-        assert_eq!(s.trims(&[BUSY, QUIET, QUIET], 8, 7), 1, "the next spell");
+        assert_eq!(s.trims(&[BUSY, QUIET, QUIET], 9, 7), 1, "the next spell");
     }
 
     #[test]
@@ -258,7 +280,7 @@ mod tests {
     }
 
     #[test]
-    fn a_load_at_rests_edge_trims_at_most_every_third_second() {
+    fn a_load_at_rests_edge_trims_its_refaulted_pages_once_a_minute() {
         let mut s = Seconds::new();
         s.trims(&[QUIET, QUIET], 7, 7);
         // Each busy second grows the memory again: busy and quiet seconds in turn are
@@ -269,8 +291,43 @@ mod tests {
             s.trims(&[BUSY, QUIET, 20, QUIET, 30, QUIET].repeat(10), 8, 7),
             0
         );
-        // A load every third second: one trim each time.
-        assert_eq!(s.trims(&[BUSY, QUIET, QUIET].repeat(10), 8, 7), 10);
+        // A load every third second, its memory back at each to where the last trim
+        // began: once in the minute after a trim.
+        assert_eq!(s.trims(&[BUSY, QUIET, QUIET].repeat(10), 8, 7), 1);
+        assert_eq!(s.trims(&[BUSY, QUIET, QUIET].repeat(20), 8, 7), 1);
+        // New memory each time: a trim each time.
+        for mb in 9..14 {
+            assert_eq!(s.trims(&[BUSY, QUIET, QUIET], mb, 7), 1, "{mb} MB");
+        }
+    }
+
+    #[test]
+    fn a_load_that_comes_every_second_second_is_not_trimmed_every_second_second() {
+        let mut s = Seconds::new();
+        s.trims(&[QUIET, QUIET], 6, 6);
+        let mut n = 0;
+        for _ in 0..20 {
+            s.answering = true;
+            // The 6 MB a trim gave back, faulted in again by the next batch.
+            n += usize::from(s.look(BUSY, 12, 12).is_some());
+            s.answering = true;
+            n += usize::from(s.look(LIGHT, 12, 6).is_some());
+        }
+        assert_eq!(n, 1, "trims in 40 s of the same 6 MB");
+    }
+
+    #[test]
+    fn a_rest_trim_refaulted_by_the_next_call_is_not_repeated_every_call() {
+        let mut s = Seconds::new();
+        s.trims(&[QUIET, QUIET], 7, 7);
+        let mut n = 0;
+        // One long call every 4 s, its 1 MB of buffers faulted in again after each trim.
+        for _ in 0..10 {
+            s.answering = true;
+            n += s.trims(&[QUIET], 8, 8);
+            n += s.trims(&[QUIET, QUIET, QUIET], 8, 7);
+        }
+        assert_eq!(n, 1);
     }
 
     #[test]
@@ -293,16 +350,16 @@ mod tests {
         assert_eq!(s.look(QUIET, 8, 7), None);
         assert_eq!(s.look(QUIET, 8, 7), Some("rest"));
         s.answering = true;
-        assert_eq!(s.look(QUIET, 8, 7), None);
-        assert_eq!(s.look(QUIET, 8, 7), None);
+        assert_eq!(s.look(QUIET, 9, 7), None);
+        assert_eq!(s.look(QUIET, 9, 7), None);
         s.answering = true;
         assert_eq!(
-            s.look(QUIET, 8, 7),
+            s.look(QUIET, 9, 7),
             None,
             "a second with a request is no rest"
         );
-        assert_eq!(s.look(QUIET, 8, 7), None);
-        assert_eq!(s.look(QUIET, 8, 7), Some("rest"));
+        assert_eq!(s.look(QUIET, 9, 7), None);
+        assert_eq!(s.look(QUIET, 9, 7), Some("rest"));
     }
 
     #[test]
@@ -380,7 +437,7 @@ mod tests {
     fn a_host_with_busier_beats_still_comes_to_rest() {
         let mut s = Seconds::new();
         assert_eq!(s.trims(&[30, 31], 8, 7), 1, "bar 60 ms");
-        assert_eq!(s.trims(&[200, 30, 30], 8, 7), 1);
+        assert_eq!(s.trims(&[200, 30, 30], 9, 7), 1);
     }
 
     #[test]
