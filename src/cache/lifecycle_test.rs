@@ -93,6 +93,40 @@ async fn an_exact_repeat_held_in_memory_needs_no_question() {
     assert!(c.held(&unread, now + Duration::days(30)).is_none());
 }
 
+/// A store off the request's path (`Cache::store`, on the cache's thread) is held in memory
+/// and lands in the table, as a store awaited in place does.
+#[tokio::test]
+async fn a_store_off_the_path_is_held_and_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(&dir).await;
+    let c = cache(&db);
+    let now = Utc::now();
+    c.store(plan(&c, "WVWZZZ1JZXW000007"), answer(), (12, 24), now);
+    let unread = unread_plan(&c, "WVWZZZ1JZXW000007");
+    let waited = std::time::Instant::now();
+    while c.held(&unread, now).is_none() {
+        assert!(
+            waited.elapsed().as_secs() < 10,
+            "the store never landed in memory"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    // Memory first, then the table: the row is queued after the entry is held.
+    let other = cache(&db);
+    loop {
+        c.flush().await;
+        other.refresh(now).await.unwrap();
+        if other.present.read().len() == 1 {
+            break;
+        }
+        assert!(
+            waited.elapsed().as_secs() < 10,
+            "the store never landed in the table"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test]
 async fn rows_another_replica_evicted_are_forgotten_and_a_drained_table_is_followed_again() {
     let dir = tempfile::tempdir().unwrap();

@@ -975,12 +975,10 @@ async fn finish(
             None
         };
         if let Some(stored) = stored {
-            let (cache, now) = (state.cache.clone(), state.cache_now());
-            tokio::spawn(async move {
-                cache
-                    .put(&plan, &stored, (usage.input, usage.output), now)
-                    .await
-            });
+            let now = state.cache_now();
+            state
+                .cache
+                .store(plan, stored, (usage.input, usage.output), now);
         }
     }
     // An input the upstream left out is the gateway's count: its tier is decided as the

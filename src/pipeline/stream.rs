@@ -959,13 +959,10 @@ impl Pump {
         if let (Some(plan), Some(answer), false) =
             (&cache, assembler.and_then(|a| a.finish(charged)), failed)
         {
-            let cache = state.cache.clone();
-            let (plan, now) = (plan.clone(), state.cache_now());
-            tokio::spawn(async move {
-                cache
-                    .put(&plan, &answer, (usage.input, usage.output), now)
-                    .await
-            });
+            let now = state.cache_now();
+            state
+                .cache
+                .store(plan.clone(), answer, (usage.input, usage.output), now);
         }
         log.cost_micros = held.cost_of(cost);
         log.input_tokens = usage.input;

@@ -1,0 +1,64 @@
+//! The cache's own thread: what the cache keeps for longer than a request — its entries,
+//! the LRU's nodes, the keys present and the semantic index — is made there.
+//!
+//! Why: glibc's malloc gives each thread an arena of its own, and the heap-release thread
+//! (`ops::memory`) can hand back only the whole free pages of one. Entries stored by the
+//! serving worker lay among the buffers of the requests that made them, each pinning the
+//! pages around it once those were freed: 5 s after 1 000 streams, 4 000 chunks of entries
+//! (1.3 MB) held ~11 MB of the worker's arena resident (docs/PERFORMANCE.md, "The cache's own
+//! thread"). Made on a thread that makes nothing else, they lie together, and what the
+//! requests freed goes back whole.
+//!
+//! A store is spawned here instead of on the worker (it never was on the request's path),
+//! and the refresh and rebuild of the indexes run here (housekeeping). One thread for the
+//! process, started at its first use; a thread that cannot start leaves the work to the
+//! caller's runtime, as before.
+
+use std::future::Future;
+use std::sync::OnceLock;
+
+use tokio::runtime::Handle;
+
+static THREAD: OnceLock<Option<Handle>> = OnceLock::new();
+
+/// Runs `task` on the cache's thread (on the caller's runtime if it could not start).
+pub fn spawn<F>(task: F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    match THREAD.get_or_init(start) {
+        Some(thread) => drop(thread.spawn(task)),
+        None => drop(tokio::spawn(task)),
+    }
+}
+
+fn start() -> Option<Handle> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| tracing::warn!(error = %e, "the cache's thread has no runtime: entries are made on the workers"))
+        .ok()?;
+    let handle = runtime.handle().clone();
+    std::thread::Builder::new()
+        .name("cache".into())
+        // Never ends: the process's, like the heap-release thread.
+        .spawn(move || runtime.block_on(std::future::pending::<()>()))
+        .map_err(|e| tracing::warn!(error = %e, "the cache's thread did not start: entries are made on the workers"))
+        .ok()?;
+    Some(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The store runs on the thread named `cache`, not the caller's.
+    #[tokio::test]
+    async fn a_task_runs_on_the_caches_thread() {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        spawn(async move {
+            let _ = tx.send(std::thread::current().name().map(str::to_owned));
+        });
+        assert_eq!(rx.await.unwrap().as_deref(), Some("cache"));
+    }
+}
