@@ -1,5 +1,6 @@
 //! The heap-release thread on glibc: once a second it reads the CPU the rest of the
-//! process spent and its anonymous memory, and trims when `Releaser` says.
+//! process spent and its anonymous memory, and trims when `Releaser` says — at rest, after
+//! freeing SQLite's page caches (`store::raw::release_page_caches`).
 
 use std::time::{Duration, Instant};
 
@@ -32,6 +33,10 @@ pub fn start_releasing() {
                 if let Some(rule) = releaser.look(now, others_cpu(), anon, seen != served) {
                     // The trim alone is timed for its spacing (stop attack nit 7).
                     let started = Instant::now();
+                    // At rest only: under a load the pages would be read again at once.
+                    if rule == "rest" {
+                        crate::store::raw::release_page_caches();
+                    }
                     super::release_free();
                     let ended = Instant::now();
                     metrics::heap_trim(rule);
