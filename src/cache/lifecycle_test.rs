@@ -4,6 +4,7 @@
 //! F2: the per-minute rebuild after an eviction had been the only cleanup), and a row
 //! stored after the newest was evicted is seen at the next refresh (s28 stop attack F2).
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use chrono::{Duration, Utc};
@@ -111,7 +112,6 @@ async fn a_store_off_the_path_is_held_and_written() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
-    // Memory first, then the table: the row is queued after the entry is held.
     let other = cache(&db);
     loop {
         c.flush().await;
@@ -125,6 +125,28 @@ async fn a_store_off_the_path_is_held_and_written() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
+}
+
+/// Past `STORES_BEHIND` stores waiting, one more is not stored; the count comes back down
+/// as they are made.
+#[tokio::test]
+async fn a_store_past_those_behind_is_not_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(&dir).await;
+    let c = cache(&db);
+    let now = Utc::now();
+    c.behind.store(super::STORES_BEHIND, Ordering::Relaxed);
+    c.store(plan(&c, "WVWZZZ1JZXW000008"), answer(), (12, 24), now);
+    assert_eq!(c.behind.load(Ordering::Relaxed), super::STORES_BEHIND);
+    c.behind.store(super::STORES_BEHIND - 1, Ordering::Relaxed);
+    c.store(plan(&c, "WVWZZZ1JZXW000009"), answer(), (12, 24), now);
+    let waited = std::time::Instant::now();
+    while c.behind.load(Ordering::Relaxed) != super::STORES_BEHIND - 1 {
+        assert!(waited.elapsed().as_secs() < 10, "the store never ended");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert!(c.held(&unread_plan(&c, "WVWZZZ1JZXW000009"), now).is_some());
+    assert!(c.held(&unread_plan(&c, "WVWZZZ1JZXW000008"), now).is_none());
 }
 
 #[tokio::test]

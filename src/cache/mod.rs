@@ -21,7 +21,7 @@ pub mod thread;
 mod words;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
@@ -65,6 +65,22 @@ pub struct Entry {
 /// The members of a stored OpenAI answer its replay reads (`replay::frames`); an
 /// Anthropic replay's `message_start` carries every member of the message.
 const REPLAYED_OPENAI: [&str; 5] = ["id", "created", "model", "choices", "usage"];
+
+/// Most stores waiting to be made (`Cache::store`): each holds its answer meanwhile.
+const STORES_BEHIND: usize = 1024;
+
+/// Whether an answer may be stored: a whole answer in the client's format.
+fn storable(plan: &Plan, answer: &Value) -> bool {
+    debug_assert!(
+        plan.question.get().is_some(),
+        "a store before its question is read"
+    );
+    let whole = shape::whole(plan.format, answer);
+    if !whole {
+        tracing::debug!("not a whole answer in the client's format: not cached");
+    }
+    whole
+}
 
 /// An answer's text for its table row and for memory. `to_string`'s buffer grows by
 /// doubling and `Bytes::from` keeps all of it: memory gets a copy of its own size, or the
@@ -146,6 +162,8 @@ pub struct Cache {
     present: RwLock<HashSet<u64>>,
     /// The highest rowid the in-memory indexes have seen.
     seen_rowid: AtomicI64,
+    /// Stores waiting to be made (`STORES_BEHIND`).
+    behind: AtomicUsize,
     epoch: AtomicI64,
 }
 
@@ -245,6 +263,7 @@ impl Cache {
             index: RwLock::new(Index::default()),
             present: RwLock::new(HashSet::new()),
             seen_rowid: AtomicI64::new(0),
+            behind: AtomicUsize::new(0),
             epoch: AtomicI64::new(i64::MIN),
         }))
     }
@@ -492,11 +511,16 @@ impl Cache {
         }
     }
 
-    /// Stores an answer off the request's path, on the cache's own thread (`thread`), so
-    /// that what the cache keeps of it is made there. What the worker made (the plan, the
-    /// answer) goes back to a worker to be freed: freed on the cache's thread, glibc's
-    /// per-thread cache of small chunks (tcache, 7 of each size) handed those chunks to that
-    /// thread's next entries: 767 of 1 000 entries' vectors lay in the worker's arena again.
+    /// Stores an answer off the request's path. Its embedding is made on the caller's
+    /// runtime (an `http` embedder's connections stay with the workers that also embed
+    /// lookups); what the cache keeps of it is made on the cache's own thread (`thread`):
+    /// made on the worker, entries lay among the buffers of the requests that made them.
+    /// What the worker made (the plan, the answer, the vector, of which the cache's thread
+    /// keeps a copy) goes back to the worker to be freed: freed on the cache's thread,
+    /// glibc's per-thread cache of small chunks (tcache, 7 of each size) handed those
+    /// chunks to that thread's next entries: 767 of 1 000 entries' vectors lay in the
+    /// worker's arena again. At most `STORES_BEHIND` stores wait; one more is not stored —
+    /// a store is best-effort, and one thread takes them.
     pub fn store(
         self: &Arc<Self>,
         plan: Plan,
@@ -504,31 +528,57 @@ impl Cache {
         usage: (i64, i64),
         now: DateTime<Utc>,
     ) {
+        if !storable(&plan, &answer) {
+            return;
+        }
+        if self.behind.fetch_add(1, Ordering::Relaxed) >= STORES_BEHIND {
+            self.behind.fetch_sub(1, Ordering::Relaxed);
+            tracing::debug!("cache stores are behind; answer not stored");
+            return;
+        }
         let cache = self.clone();
-        let (back, made_here) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move { drop(made_here.await) });
-        thread::spawn(async move {
-            cache.put(&plan, &answer, usage, now).await;
-            let _ = back.send((plan, answer));
+        tokio::spawn(async move {
+            let vector = cache.embedding(&plan).await;
+            let (back, made_here) = tokio::sync::oneshot::channel();
+            let keeper = cache.clone();
+            thread::spawn(async move {
+                let kept = vector.clone();
+                keeper.keep_answer(&plan, &answer, kept, usage, now).await;
+                let _ = back.send((plan, answer, vector));
+            });
+            // Sent back, or dropped with the cache's task (a panic): either way it is over.
+            drop(made_here.await);
+            cache.behind.fetch_sub(1, Ordering::Relaxed);
         });
     }
 
-    /// Stores an answer (in the client's format) for a plan; one that is not a whole answer
-    /// is not stored (`shape::whole`).
+    /// Stores an answer (in the client's format) for a plan, in place; one that is not a
+    /// whole answer is not stored (`shape::whole`).
     pub async fn put(&self, plan: &Plan, answer: &Value, usage: (i64, i64), now: DateTime<Utc>) {
-        if !shape::whole(plan.format, answer) {
-            tracing::debug!("not a whole answer in the client's format: not cached");
-            return;
+        if storable(plan, answer) {
+            let vector = self.embedding(plan).await;
+            self.keep_answer(plan, answer, vector, usage, now).await;
         }
-        debug_assert!(
-            plan.question.get().is_some(),
-            "a store before its question is read"
-        );
-        let question = plan.question();
-        let vector = match question {
+    }
+
+    /// The vector of the plan's question, for the semantic index.
+    async fn embedding(&self, plan: &Plan) -> Option<embed::Vector> {
+        match plan.question() {
             Some(q) if self.cfg.semantic => self.embedder.embed(&q.embed_text).await.ok(),
             _ => None,
-        };
+        }
+    }
+
+    /// Keeps an answer in memory, then queues its row.
+    async fn keep_answer(
+        &self,
+        plan: &Plan,
+        answer: &Value,
+        vector: Option<embed::Vector>,
+        usage: (i64, i64),
+        now: DateTime<Utc>,
+    ) {
+        let question = plan.question();
         let (text, held) = texts(answer);
         let version = rand::random::<i64>() | 1;
         let stored = store::cache::NewEntry {

@@ -1,18 +1,20 @@
-//! The cache's own thread: what the cache keeps for longer than a request — its entries,
-//! the LRU's nodes, the keys present and the semantic index — is made there.
+//! The cache's own thread: what the cache keeps of a stored answer — the entry, its
+//! text, the LRU's node, its vector — is made there (`Cache::store`).
 //!
 //! Why: glibc's malloc gives each thread an arena of its own, and the heap-release thread
 //! (`ops::memory`) can hand back only the whole free pages of one. Entries stored by the
 //! serving worker lay among the buffers of the requests that made them, each pinning the
-//! pages around it once those were freed: 5 s after 1 000 streams, 4 000 chunks of entries
-//! (1.3 MB) held ~11 MB of the worker's arena resident (docs/PERFORMANCE.md, "The cache's own
-//! thread"). Made on a thread that makes nothing else, they lie together, and what the
+//! pages around it once those were freed: 5 s after 1 000 streams, ~3 700 chunks of entries
+//! (1.3 MB) held ~11 MB of the worker's arena resident (docs/PERFORMANCE.md, "The cache's
+//! own thread"). Made on a thread that makes nothing else, they lie together, and what the
 //! requests freed goes back whole.
 //!
-//! A store is spawned here instead of on the worker (it never was on the request's path),
-//! and the refresh and rebuild of the indexes run here (housekeeping). One thread for the
-//! process, started at its first use; a thread that cannot start leaves the work to the
-//! caller's runtime, as before.
+//! Only memory work runs here, no I/O: a connection opened from this runtime (a database
+//! pool's, an `http` embedder's) would be driven by this one thread for every worker that
+//! reuses it (s46 attack F3), and the housekeeping that reads the table (refresh, rebuild)
+//! stays on the application's runtime, which ends with it (F1). One thread for the process,
+//! started at its first use; a thread that cannot start leaves the work to the caller's
+//! runtime (the caller is on one), as before.
 
 use std::future::Future;
 use std::sync::OnceLock;

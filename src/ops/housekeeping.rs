@@ -84,7 +84,7 @@ pub fn spawn(state: Arc<AppState>, me: Me) {
     state.auth.hear_changes(
         move || {
             let c = c.clone();
-            crate::cache::thread::spawn(async move {
+            tokio::spawn(async move {
                 if let Err(e) = c.cache.refresh(c.cache_now()).await {
                     tracing::warn!(error = %e, "cache refresh failed");
                 }
@@ -132,9 +132,8 @@ pub fn spawn(state: Arc<AppState>, me: Me) {
             }
         });
     }
-    // On the cache's thread: what a refresh or a rebuild keeps is made there.
     let c = state.clone();
-    crate::cache::thread::spawn(async move {
+    tokio::spawn(async move {
         let mut tick = tokio::time::interval(CACHE_POLL);
         for round in 0u64.. {
             tick.tick().await;

@@ -31,7 +31,8 @@ pub fn start_releasing() {
                     super::SERVED.load(std::sync::atomic::Ordering::Relaxed),
                 );
                 if let Some(rule) = releaser.look(now, others_cpu(), anon, seen != served) {
-                    // The trim alone is timed for its spacing (stop attack nit 7).
+                    // The trim alone is timed for its spacing (stop attack nit 7) — with, at
+                    // rest, SQLite's release, which is part of its work.
                     let started = Instant::now();
                     // At rest only: under a load the pages would be read again at once.
                     if rule == "rest" {
