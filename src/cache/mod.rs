@@ -69,6 +69,16 @@ const REPLAYED_OPENAI: [&str; 5] = ["id", "created", "model", "choices", "usage"
 /// Most stores waiting to be made (`Cache::store`): each holds its answer meanwhile.
 const STORES_BEHIND: usize = 1024;
 
+/// A store counted among those behind until it is dropped — with the task that holds it
+/// last, however that task ends (a panic, a worker's runtime stopped).
+struct Behind(Arc<Cache>);
+
+impl Drop for Behind {
+    fn drop(&mut self) {
+        self.0.behind.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Whether an answer may be stored: a whole answer in the client's format.
 fn storable(plan: &Plan, answer: &Value) -> bool {
     debug_assert!(
@@ -536,19 +546,20 @@ impl Cache {
             tracing::debug!("cache stores are behind; answer not stored");
             return;
         }
-        let cache = self.clone();
+        let counted = Behind(self.clone());
         tokio::spawn(async move {
-            let vector = cache.embedding(&plan).await;
+            let vector = counted.0.embedding(&plan).await;
             let (back, made_here) = tokio::sync::oneshot::channel();
-            let keeper = cache.clone();
             thread::spawn(async move {
                 let kept = vector.clone();
-                keeper.keep_answer(&plan, &answer, kept, usage, now).await;
+                counted
+                    .0
+                    .keep_answer(&plan, &answer, kept, usage, now)
+                    .await;
                 let _ = back.send((plan, answer, vector));
             });
-            // Sent back, or dropped with the cache's task (a panic): either way it is over.
+            // Sent back, or dropped with the cache's task (a panic).
             drop(made_here.await);
-            cache.behind.fetch_sub(1, Ordering::Relaxed);
         });
     }
 
