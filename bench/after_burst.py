@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import collections
 import re
-import resource
 import struct
 import sys
 import time
@@ -32,7 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import overhead as o  # noqa: E402
 
 PAGE = 4096
-HOOK = None
 
 
 def _link(fd: Path) -> str:
@@ -105,21 +103,13 @@ def main() -> int:
     ap.add_argument("--bursts", type=int, default=1, help="bursts of streams, `--after` seconds apart")
     ap.add_argument("--show", type=int, default=0, help="chunks of each common size to print")
     args = ap.parse_args()
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard))
-    rig = o.Rig(argparse.Namespace(no_pin=False, keep_dir=False, synchronous="normal", quick=False))
-    try:
-        rig.start()
-        rig.gateway("all")
-        rig.sticky({"chunk_delay_ms": 100, "text": o.STREAM_TEXT})
-        streamed = ["--stream", "--expect-chunks", str(o.STREAM_CHUNKS)]
-        rig.lg("gateway", streamed + ["--streams", "20", "--ramp-ms", "100"], stream=True)
+    with o.warm_streams_rig() as rig:
         time.sleep(4.0)
         pid = rig.gw.pid
         idle = o.rss_split_kb(pid)
         before = biggest_anon(pid)
         for _ in range(args.bursts):
-            run = rig.lg("gateway", streamed + ["--streams", str(args.streams), "--ramp-ms", "2000"],
+            run = rig.lg("gateway", o.STREAMED + ["--streams", str(args.streams), "--ramp-ms", "2000"],
                          stream=True, sample_rss=True)
             time.sleep(args.after)
         after = o.rss_split_kb(pid)
@@ -143,8 +133,6 @@ def main() -> int:
         sizes = collections.Counter(c[1] for c in added)
         print("live chunks the burst added, by size (bytes × count):",
               ", ".join(f"{s} × {n}" for s, n in sizes.most_common(12)))
-        if HOOK:
-            HOOK(pid, added, sizes)
         if args.show:
             mem = open(f"/proc/{pid}/mem", "rb")
             for size, _ in sizes.most_common(6):
@@ -153,9 +141,6 @@ def main() -> int:
                     raw = mem.read(min(size - 16, 96))
                     text = re.sub(rb"[^ -~]", b".", raw).decode()
                     print(f"  {size}: {raw[:48].hex()}  {text}")
-    finally:
-        rig.sticky(None)
-        rig.close()
     return 0
 
 

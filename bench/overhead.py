@@ -46,6 +46,7 @@ Phases
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sqlite3
 import datetime as dt
 import json
@@ -490,6 +491,35 @@ class Rig:
 
 
 # ------------------------------------------------------------------------ phases
+
+
+# A streamed request's loadgen arguments: SSE, each stream checked for every chunk.
+STREAMED = ["--stream", "--expect-chunks", str(STREAM_CHUNKS)]
+
+
+def raise_fd_limit() -> None:
+    """1 000 streams need 2 000+ descriptors in the gateway and 1 000 in loadgen."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard))
+
+
+@contextlib.contextmanager
+def warm_streams_rig():
+    """The streams phase's rig for the heap scripts (`stream_heap.py`, `after_burst.py`): the
+    `all` step's gateway, the mock streaming its 20 chunks 100 ms apart, and the phase's
+    warm-up of 20 streams done; closed after."""
+    raise_fd_limit()
+    rig = Rig(argparse.Namespace(no_pin=False, keep_dir=False, synchronous="normal", quick=False))
+    try:
+        rig.start()
+        rig.gateway("all")
+        rig.sticky({"chunk_delay_ms": 100, "text": STREAM_TEXT})
+        rig.lg("gateway", STREAMED + ["--streams", "20", "--ramp-ms", "100"], stream=True)
+        yield rig
+    finally:
+        rig.sticky(None)
+        rig.close()
 
 
 def raw_args(path: Path) -> list[str]:
@@ -1029,10 +1059,7 @@ def main() -> int:
     p = params(args)
     out_path = Path(args.out or REPO_ROOT / "bench" / "results" / ("quick.json" if args.quick else "latest.json"))
 
-    # 1 000 streams need 2 000+ descriptors in the gateway and 1 000 in loadgen.
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or hard > soft:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard))
+    raise_fd_limit()
 
     rig = Rig(args)
     started = time.monotonic()

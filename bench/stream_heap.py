@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import resource
 import signal
 import subprocess
 import sys
@@ -88,31 +87,20 @@ def main() -> int:
     ap.add_argument("--streams", type=int, default=1000)
     ap.add_argument("--keep", type=Path, default=None, help="keep heaptrack's recording here (.zst)")
     args = ap.parse_args()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard))
     work = Path(tempfile.mkdtemp(prefix="sluice-heap-"))
     recording = (args.keep or work / "gateway.zst").resolve()
-    rig = o.Rig(argparse.Namespace(no_pin=False, keep_dir=False, synchronous="normal", quick=False))
-    try:
-        rig.start()
-        rig.gateway("all")
-        rig.sticky({"chunk_delay_ms": 100, "text": o.STREAM_TEXT})
-        chunks = ["--stream", "--expect-chunks", str(o.STREAM_CHUNKS)]
-        rig.lg("gateway", chunks + ["--streams", "20", "--ramp-ms", "100"], stream=True)
+    with o.warm_streams_rig() as rig:
         time.sleep(1.0)
         idle = o.rss_kb(rig.gw.pid)
         # heaptrack names its file by appending `.zst` to the name it is given.
         attach = subprocess.Popen(["heaptrack", "-o", str(recording.with_suffix("")), "-p", str(rig.gw.pid)],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         time.sleep(6)  # the attach (gdb) and heaptrack's first samples
-        run = rig.lg("gateway", chunks + ["--streams", str(args.streams), "--ramp-ms", "2000"],
+        run = rig.lg("gateway", o.STREAMED + ["--streams", str(args.streams), "--ramp-ms", "2000"],
                      stream=True, sample_rss=True)
         time.sleep(1)
         attach.send_signal(signal.SIGINT)
         attach.wait(60)
-    finally:
-        rig.sticky(None)
-        rig.close()
     folded = work / "peak.folded"
     subprocess.run(["heaptrack_print", "-f", str(recording), "--print-peaks", "0", "--print-allocators", "0",
                     "--print-temporary", "0", "--print-leaks", "0", "--flamegraph-cost-type", "peak",
