@@ -723,14 +723,7 @@ async fn pages_render_with_the_security_headers_and_embedded_assets() {
         assert_eq!(r.status(), 200);
         assert!(r.headers()["content-type"].to_str().unwrap().contains(kind));
     }
-    let htmx = http
-        .get(format!("{}/admin/static/htmx.min.js", app.address))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let htmx = get_text(&http, format!("{}/admin/static/htmx.min.js", app.address)).await;
     assert!(htmx.contains("version:\"2.0.4\""), "htmx pinned at 2.0.4");
 }
 

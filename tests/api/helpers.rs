@@ -188,6 +188,11 @@ pub async fn spawn_app_full(
     }
 }
 
+/// The body of a GET of `url` as text (a page, `/metrics`); panics when the request fails.
+pub async fn get_text(http: &reqwest::Client, url: String) -> String {
+    http.get(url).send().await.unwrap().text().await.unwrap()
+}
+
 /// The tests' HTTP client. An idle connection is dropped well before the gateway's
 /// keep-alive (actix's 5 s) would close it: reusing one the server is closing at that
 /// instant fails the request with `IncompleteMessage`, which a loaded test run met.

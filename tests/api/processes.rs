@@ -310,15 +310,7 @@ async fn canaries_never_leak_at_trace_level() {
     tokio::time::sleep(Duration::from_millis(600)).await;
     bodies.push(chat(token.clone()).await);
     for path in ["/metrics", "/healthz", "/readyz"] {
-        bodies.push(
-            http.get(format!("{}{path}", g.url))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap(),
-        );
+        bodies.push(get_text(&http, format!("{}{path}", g.url)).await);
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     drop(g);
@@ -511,14 +503,7 @@ async fn the_start_ups_free_heap_goes_back_at_rest_and_is_counted() {
     let mut text = String::new();
     for _ in 0..20 {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        text = http
-            .get(format!("{}/metrics", r.gateway.url))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        text = get_text(&http, format!("{}/metrics", r.gateway.url)).await;
         if trimmed_at_rest(&text) {
             break;
         }

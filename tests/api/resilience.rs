@@ -1205,14 +1205,7 @@ async fn a_deadline_gone_before_any_attempt_raises_no_alert() {
             "{status} {v}"
         );
     }
-    let metrics = http
-        .get(format!("{}/metrics", gateway.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&http, format!("{}/metrics", gateway.url)).await;
     assert!(
         !metrics.contains("kind=\"pool_empty\""),
         "a client's deadline raised pool_empty"

@@ -108,14 +108,7 @@ impl Rig {
 }
 
 pub(crate) async fn verifications_of(http: &reqwest::Client, url: &str) -> u64 {
-    let text = http
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = get_text(http, format!("{url}/metrics")).await;
     text.lines()
         .find_map(|l| l.strip_prefix(&format!("{VERIFICATIONS} ")))
         .and_then(|v| v.trim().parse::<f64>().ok())
