@@ -9,9 +9,9 @@
 //! own thread"). Made on a thread that makes nothing else, they lie together, and what the
 //! requests freed goes back whole.
 //!
-//! Only memory work runs here, no I/O: a connection opened from this runtime (a database
-//! pool's, an `http` embedder's) would be driven by this one thread for every worker that
-//! reuses it (s46 attack F3), and the housekeeping that reads the table (refresh, rebuild)
+//! Only memory work runs here, no I/O (its runtime has no I/O driver): a connection
+//! opened from this runtime (a database pool's, an `http` embedder's) would be driven by
+//! this one thread for every worker that reuses it (s46 attack F3), and the housekeeping that reads the table (refresh, rebuild)
 //! stays on the application's runtime, which ends with it (F1). One thread for the process,
 //! started at its first use; a thread that cannot start leaves the work to the caller's
 //! runtime (the caller is on one), as before.
@@ -35,19 +35,43 @@ where
 }
 
 fn start() -> Option<Handle> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| tracing::warn!(error = %e, "the cache's thread has no runtime: entries are made on the workers"))
-        .ok()?;
-    let handle = runtime.handle().clone();
-    std::thread::Builder::new()
-        .name("cache".into())
-        // Never ends: the process's, like the heap-release thread.
-        .spawn(move || runtime.block_on(std::future::pending::<()>()))
-        .map_err(|e| tracing::warn!(error = %e, "the cache's thread did not start: entries are made on the workers"))
-        .ok()?;
-    Some(handle)
+    start_on(|work| {
+        std::thread::Builder::new()
+            .name("cache".into())
+            .spawn(work)
+            .map(drop)
+    })
+}
+
+/// Starts the thread through `spawn_thread`, its runtime built on it — built on the caller
+/// and dropped there when the thread could not start, a runtime panics the caller's task
+/// (tokio refuses to drop one in an async context; s46 stop attack F1).
+fn start_on(
+    spawn_thread: impl FnOnce(Box<dyn FnOnce() + Send>) -> std::io::Result<()>,
+) -> Option<Handle> {
+    let (started, handle) = std::sync::mpsc::channel();
+    let spawned = spawn_thread(Box::new(move || {
+        // A clock, no I/O driver: nothing here may open a connection (module doc).
+        match tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+        {
+            Ok(runtime) => {
+                let _ = started.send(Some(runtime.handle().clone()));
+                // Never ends: the process's, like the heap-release thread.
+                runtime.block_on(std::future::pending::<()>());
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the cache's thread has no runtime: entries are made on the workers");
+                let _ = started.send(None);
+            }
+        }
+    }));
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "the cache's thread did not start: entries are made on the workers");
+        return None;
+    }
+    handle.recv().ok().flatten()
 }
 
 #[cfg(test)]
@@ -62,5 +86,13 @@ mod tests {
             let _ = tx.send(std::thread::current().name().map(str::to_owned));
         });
         assert_eq!(rx.await.unwrap().as_deref(), Some("cache"));
+    }
+
+    /// A thread that cannot start leaves no runtime to drop in the caller's task: the
+    /// caller gets none, and no panic.
+    #[tokio::test]
+    async fn a_thread_that_cannot_start_is_none_without_a_panic() {
+        let failed = start_on(|_work| Err(std::io::Error::other("no threads left")));
+        assert!(failed.is_none());
     }
 }
