@@ -474,7 +474,9 @@ async fn a_replicas_own_entries_stay_in_its_memory_at_its_refresh() {
     // B stores it again in the same millisecond: the times of the two rows are equal.
     let mut changed = answer();
     changed["choices"][0]["message"]["content"] = json!("Replace the EGR valve.");
-    b.put(&held, &changed, (12, 24), now).await;
+    // (Each replica stores its own plans: a plan holds its replica's epoch.)
+    b.put(&plan(&b, "WVWZZZ1JZXW000021"), &changed, (12, 24), now)
+        .await;
     b.flush().await;
     a.refresh(now).await.unwrap();
     assert!(
@@ -542,7 +544,8 @@ async fn a_row_read_while_a_refresh_drops_its_key_is_not_kept() {
     let (entry, changes) = read(&a).await;
     let mut third = answer();
     third["choices"][0]["message"]["content"] = json!("Check the MAF sensor.");
-    a.put(&held, &third, (12, 24), now).await;
+    a.put(&plan(&a, "WVWZZZ1JZXW000031"), &third, (12, 24), now)
+        .await;
     a.keep(&entry, changes);
     let held_now = a.lru.lock().get(&key).expect("held");
     assert_eq!(
@@ -566,4 +569,121 @@ async fn a_row_read_while_a_refresh_drops_its_key_is_not_kept() {
         a.lru.lock().get(&key).is_some(),
         "a change elsewhere does not stop the keep"
     );
+}
+
+/// The plan of `question(vin)` with `x-sluice-cache-tags: tag`, its question read.
+fn tagged_plan(c: &Cache, vin: &str, tag: &str) -> Plan {
+    let asked = Asked {
+        tags: vec![tag],
+        ..Asked::default()
+    };
+    let body = question(vin);
+    let plan = c
+        .plan(
+            &asked,
+            body.as_object().unwrap(),
+            WireFormat::OpenAi,
+            "gpt-4o-mini",
+            (1, 1),
+            None,
+            None,
+            None,
+        )
+        .unwrap()
+        .expect("cacheable");
+    c.read_question(&plan, body.as_object().unwrap());
+    plan
+}
+
+/// An answer whose request was planned before an invalidation — its upstream call made
+/// from what the invalidation said is gone — is not kept after it: not in memory, not in
+/// the table (s46 stop attack F4: a store behind the invalidation landed after it and was
+/// served for its TTL). The tag had no entry yet: the invalidation moves the epoch all the
+/// same.
+#[tokio::test]
+async fn an_answer_planned_before_an_invalidation_is_not_kept_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(&dir).await;
+    let c = cache(&db);
+    let now = Utc::now();
+    c.refresh(now).await.unwrap(); // as at start
+    let vin = "WVWZZZ1JZXW000101";
+    let planned = tagged_plan(&c, vin, "doc:1");
+    assert_eq!(c.invalidate_tag("doc:1").await.unwrap(), 0);
+    c.put(&planned, &answer(), (12, 24), now).await;
+    c.flush().await;
+    assert!(
+        c.held(&unread_plan(&c, vin), now).is_none(),
+        "kept in memory"
+    );
+    assert!(c.get(&plan(&c, vin), now, far()).await.is_none());
+    let other = cache(&db);
+    other.refresh(now).await.unwrap();
+    assert!(other.present.read().is_empty(), "written to the table");
+
+    // Planned after it, the answer is kept.
+    c.put(&tagged_plan(&c, vin, "doc:1"), &answer(), (12, 24), now)
+        .await;
+    c.flush().await;
+    assert!(c.held(&unread_plan(&c, vin), now).is_some());
+    other.refresh(now).await.unwrap();
+    assert_eq!(other.present.read().len(), 1);
+}
+
+/// The same when another replica invalidates: this one learns of it only at its next
+/// refresh, so its store is refused by the table (the row names the epoch it was planned
+/// under), and its memory drops the answer at that refresh.
+#[tokio::test]
+async fn an_answer_planned_before_another_replicas_invalidation_is_not_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(&dir).await;
+    let (a, b) = (cache(&db), cache(&db));
+    let now = Utc::now();
+    a.refresh(now).await.unwrap();
+    b.refresh(now).await.unwrap();
+    let vin = "WVWZZZ1JZXW000102";
+    let planned = tagged_plan(&a, vin, "doc:2");
+    assert_eq!(b.invalidate_tag("doc:2").await.unwrap(), 0);
+    a.put(&planned, &answer(), (12, 24), now).await;
+    a.flush().await;
+    b.refresh(now).await.unwrap();
+    assert!(b.present.read().is_empty(), "written to the table");
+    assert!(b.get(&plan(&b, vin), now, far()).await.is_none());
+    a.refresh(now).await.unwrap();
+    assert!(
+        a.held(&unread_plan(&a, vin), now).is_none(),
+        "kept in memory"
+    );
+}
+
+/// Stores off the path racing an invalidation: whatever the interleaving — the entry in
+/// memory before or after the invalidation's, its row written before or after its delete —
+/// nothing planned before the invalidation is found after it, here or on another replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stores_racing_an_invalidation_leave_nothing_planned_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(&dir).await;
+    let c = cache(&db);
+    let now = Utc::now();
+    c.refresh(now).await.unwrap();
+    let vins: Vec<String> = (0..200).map(|n| format!("WVWZZZ1JZXW{n:06}")).collect();
+    let plans: Vec<Plan> = vins.iter().map(|v| tagged_plan(&c, v, "doc:3")).collect();
+    for (i, p) in plans.into_iter().enumerate() {
+        c.store(p, answer(), (12, 24), now);
+        if i == 100 {
+            c.invalidate_tag("doc:3").await.unwrap();
+        }
+    }
+    let waited = std::time::Instant::now();
+    while c.behind.load(Ordering::Relaxed) != 0 {
+        assert!(waited.elapsed().as_secs() < 10, "the stores never ended");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    c.flush().await;
+    for vin in &vins {
+        assert!(c.held(&unread_plan(&c, vin), now).is_none(), "{vin} held");
+    }
+    let other = cache(&db);
+    other.refresh(now).await.unwrap();
+    assert!(other.present.read().is_empty(), "rows written");
 }

@@ -152,6 +152,9 @@ pub struct Plan {
     pub ttl: Duration,
     pub tags: String,
     pub threshold: f32,
+    /// The cache epoch when the request was planned: its answer is not kept once an
+    /// invalidation moved it (`keep_answer`, `store::cache::NewEntry::epoch`).
+    epoch: i64,
 }
 
 pub struct Cache {
@@ -174,8 +177,13 @@ pub struct Cache {
     seen_rowid: AtomicI64,
     /// Stores waiting to be made (`STORES_BEHIND`).
     behind: AtomicUsize,
+    /// `meta.cache_epoch` as this process last read (`refresh`) or moved it
+    /// (`forget_deleted`); `UNREAD_EPOCH` before the first refresh.
     epoch: AtomicI64,
 }
+
+/// The epoch before the first `refresh` (at start, before the gateway serves).
+const UNREAD_EPOCH: i64 = i64::MIN;
 
 fn prefix(key: &Key) -> u64 {
     let mut b = [0u8; 8];
@@ -220,16 +228,20 @@ fn add_rows(
 /// Rows the semantic index reads back per query.
 const INDEX_PAGE: i64 = 1_000;
 
-/// The entries a `Cache::delete_tag` deleted, to forget once its transaction commits.
-pub struct Deleted(Vec<Key>);
+/// The entries a `Cache::delete_tag` deleted, and the epoch it moved to, to forget once
+/// its transaction commits.
+pub struct Deleted {
+    keys: Vec<Key>,
+    epoch: i64,
+}
 
 impl Deleted {
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.keys.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.keys.is_empty()
     }
 }
 
@@ -274,7 +286,7 @@ impl Cache {
             present: RwLock::new(HashSet::new()),
             seen_rowid: AtomicI64::new(0),
             behind: AtomicUsize::new(0),
-            epoch: AtomicI64::new(i64::MIN),
+            epoch: AtomicI64::new(UNREAD_EPOCH),
         }))
     }
 
@@ -337,6 +349,7 @@ impl Cache {
             ttl: Duration::seconds(ttl),
             tags: format!(",{},", asked.tags.join(",")),
             threshold: model_threshold.unwrap_or(self.cfg.similarity_threshold) as f32,
+            epoch: self.epoch.load(Ordering::Acquire),
         };
         Ok(Some(plan))
     }
@@ -610,6 +623,7 @@ impl Cache {
             created_at: now,
             expires_at: expiry(now, plan.ttl),
             version,
+            epoch: (plan.epoch != UNREAD_EPOCH).then_some(plan.epoch),
         };
         // Memory first, then the database: once the row is there, this replica finds it.
         // A row that then fails to land (a batch the writer gives up, a NUL PostgreSQL
@@ -630,6 +644,14 @@ impl Cache {
             if !self.index.write().add(q.context, plan.exact, v) {
                 tracing::debug!("semantic index full: the entry is an exact match only");
             }
+        }
+        // An invalidation since the request was planned: its answer may come from what was
+        // invalidated. Looked at once the entry is in memory: an invalidation moves the
+        // epoch, then clears the memory (`forget_deleted`), so either this sees the epoch
+        // moved or the clear finds the entry (the LRU's lock orders the two).
+        if self.epoch.load(Ordering::Acquire) != plan.epoch {
+            self.forget_one(&plan.exact, question.map(|q| &q.context));
+            return;
         }
         if !self.stored.push(stored).await {
             tracing::warn!("cache writer is gone; entry not stored");
@@ -681,31 +703,37 @@ impl Cache {
 
     /// Deletes every entry tagged `tag`, here and (through `cache_epoch`) on other replicas.
     pub async fn invalidate_tag(&self, tag: &str) -> Result<usize, StoreError> {
-        let deleted: Vec<Key> = store::cache::delete_tag(&self.db, tag)
-            .await?
-            .iter()
-            .filter_map(|k| as_key(k))
-            .collect();
-        self.forget(&deleted);
-        Ok(deleted.len())
+        let mut tx = self.db.begin().await?;
+        let deleted = Self::delete_tag(&mut tx, tag).await?;
+        tx.commit().await?;
+        let n = deleted.len();
+        self.forget_deleted(deleted);
+        Ok(n)
     }
 
     /// Deletes every entry tagged `tag` inside `tx` (an admin's, with its audit row). The
     /// entries stay in memory until `forget_deleted`, called once `tx` committed: rolled
     /// back, they are still in the database and still served.
     pub async fn delete_tag(tx: &mut store::Tx, tag: &str) -> Result<Deleted, StoreError> {
-        Ok(Deleted(
-            store::cache::delete_tag_in(tx, tag)
-                .await?
-                .iter()
-                .filter_map(|k| as_key(k))
-                .collect(),
-        ))
+        let keys = store::cache::delete_tag_in(tx, tag)
+            .await?
+            .iter()
+            .filter_map(|k| as_key(k))
+            .collect();
+        let epoch = store::cache::epoch_in(tx).await?;
+        Ok(Deleted { keys, epoch })
     }
 
-    /// Drops from memory the entries `delete_tag` deleted, after its transaction committed.
+    /// Drops from memory, after `delete_tag`'s transaction committed, the entries it
+    /// deleted — and every entry held: an answer planned before the invalidation may be
+    /// held whose row the table refuses (`store::cache::NewEntry::epoch`). The table's
+    /// entries are read again at their next use.
     pub fn forget_deleted(&self, deleted: Deleted) {
-        self.forget(&deleted.0);
+        // The epoch first, then the memory (`keep_answer` looks in the other order). The
+        // highest: a refresh may have read a later one meanwhile.
+        self.epoch.fetch_max(deleted.epoch, Ordering::AcqRel);
+        self.lru.lock().clear();
+        self.forget(&deleted.keys);
     }
 
     /// Waits until every entry stored before this call is in the database.

@@ -43,6 +43,12 @@ pub struct NewEntry {
     /// Drawn at random, never 0, per store: which store of its key a row holds, where
     /// times may be equal (two replicas storing one key in the same millisecond).
     pub version: i64,
+    /// `meta.cache_epoch` when the answer's request was planned: the row is written only
+    /// while the table's is still that one. An invalidation since, on any replica, may
+    /// have deleted what the answer was made from, and a row written after its delete
+    /// outlived it (s46 stop attack F4). `None`: planned before the process read the epoch
+    /// (never once it serves: it reads it at start), written as it is.
+    pub epoch: Option<i64>,
 }
 
 pub async fn get(db: &super::Db, key: &[u8], now: DateTime<Utc>) -> Result<Option<EntryRow>> {
@@ -58,8 +64,11 @@ pub async fn get(db: &super::Db, key: &[u8], now: DateTime<Utc>) -> Result<Optio
         .await?)
 }
 
+/// Written only while the table's epoch is the one the entry was planned under (`?14`;
+/// NULL: unknown, written as it is): see `NewEntry::epoch`.
 const PUT: &str = "INSERT OR REPLACE INTO cache_entries (key, scope, model, format, context_hash, vector, answer, input_tokens, output_tokens, tags, created_at, expires_at, version)
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+     SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?
+     WHERE ?14 IS NULL OR ?14 = (SELECT value FROM meta WHERE key = 'cache_epoch')";
 
 /// How cache entries' batches are written on each engine (`store::lingering`).
 pub const PUT_BATCH: super::lingering::BatchWrite<NewEntry> = super::lingering::BatchWrite {
@@ -95,6 +104,7 @@ pub fn put_batch_tx(tx: &mut Tx<'_>, entries: &[NewEntry]) -> Result<()> {
                 created.as_str().into(),
                 expires.as_str().into(),
                 e.version.into(),
+                e.epoch.into(),
             ],
         )?;
     }
@@ -148,7 +158,9 @@ pub async fn keys_after(db: &super::Db, after: i64, now: DateTime<Utc>) -> Resul
     .await?)
 }
 
-/// Deletes every entry carrying `tag`; returns the deleted keys. Entries store their tags
+/// Deletes every entry carrying `tag` and moves `cache_epoch` — even when none went, so
+/// that an answer planned before it is not written after it (`NewEntry::epoch`); returns
+/// the deleted keys. Entries store their tags
 /// as `,a,b,`, and a tag is found as the whole, exact string `,tag,` — with `instr`, not
 /// `LIKE`: `LIKE` reads `_` and `%` in a tag as wildcards (`a_b` would take `axb` with it,
 /// `%` every entry) and ignores ASCII case (`Case:1` would take `case:1`).
@@ -174,12 +186,22 @@ pub async fn delete_tag_in(tx: &mut super::Tx, tag: &str) -> Result<Vec<Vec<u8>>
             .bind(needle)
             .fetch_all(tx.sqlite()?)
             .await?;
-    if !keys.is_empty() {
-        sqlx::query("UPDATE meta SET value = value + 1 WHERE key = 'cache_epoch'")
-            .execute(tx.sqlite()?)
-            .await?;
-    }
+    sqlx::query("UPDATE meta SET value = value + 1 WHERE key = 'cache_epoch'")
+        .execute(tx.sqlite()?)
+        .await?;
     Ok(keys)
+}
+
+/// `cache_epoch` as the caller's transaction sees it (after its own `delete_tag_in`).
+pub async fn epoch_in(tx: &mut super::Tx) -> Result<i64> {
+    if let Some((conn, _)) = tx.pg() {
+        return super::pg::cache::epoch_in(conn).await;
+    }
+    Ok(
+        sqlx::query_scalar("SELECT value FROM meta WHERE key = 'cache_epoch'")
+            .fetch_one(tx.sqlite()?)
+            .await?,
+    )
 }
 
 /// Deletes expired entries; returns their keys, for the cache to forget (it no longer

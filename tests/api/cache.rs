@@ -479,6 +479,62 @@ async fn admins_invalidate_by_tag_through_the_api_and_finance_cannot() {
     );
 }
 
+/// An answer whose request was in flight when an admin invalidated its tag is not served
+/// after the invalidation: the upstream answered from what the tag said was gone (s46
+/// stop attack F4: the store behind the invalidation landed after it and was served for its
+/// TTL). A request sent after the invalidation is stored as ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_in_flight_during_an_invalidation_is_not_served_after_it() {
+    use crate::admin_helpers::{login, make_login};
+    let app = spawn_app().await;
+    let (_, token) = app.token("jo", None).await;
+    make_login(&app, "root", "admin", None).await;
+    let tagged = |body: Value| {
+        app.http
+            .post(format!("{}/v1/chat/completions", app.address))
+            .bearer_auth(&token)
+            .header("x-sluice-cache-tags", "case:79")
+            .json(&body)
+            .send()
+    };
+    app.mock.state.sticky(
+        KEY_A,
+        Some(sluice::mock::Script {
+            delay_ms: 1_000,
+            ..sluice::mock::Script::default()
+        }),
+    );
+    let in_flight = tagged(question("WVWZZZ1JZXW000079"));
+    let invalidate = async {
+        let waited = std::time::Instant::now();
+        while app.mock.state.stats(KEY_A).count == 0 {
+            assert!(waited.elapsed().as_secs() < 10, "the upstream never had it");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        login(&app, "root")
+            .await
+            .post("/admin/api/v1/cache/invalidate", &json!({"tag": "case:79"}))
+            .await
+    };
+    let (answered, (status, v)) = tokio::join!(in_flight, invalidate);
+    assert_eq!((status, v["deleted"].as_i64()), (200, Some(0)), "{v}");
+    assert_eq!(answered.unwrap().status(), 200);
+    app.mock.state.sticky(KEY_A, None);
+    // Stores are made one after another: once the next one's row is in, the first store
+    // was made or refused.
+    tagged(question("WVWZZZ1JZXW000080")).await.unwrap();
+    app.wait_for_cache_entries(1).await;
+    assert_eq!(app.scalar("SELECT COUNT(*) FROM cache_entries").await, 1);
+    assert_eq!(
+        ask(&app, &token, &question("WVWZZZ1JZXW000079")).await.0,
+        "miss"
+    );
+    assert_eq!(
+        ask(&app, &token, &question("WVWZZZ1JZXW000080")).await.0,
+        "hit-exact"
+    );
+}
+
 /// An invalidation whose audit row fails deletes nothing: the entries go inside the audited
 /// transaction (before, they were deleted first and stayed deleted, unaudited).
 #[tokio::test]
@@ -788,6 +844,44 @@ async fn entries_another_replica_stored_are_found_after_its_next_refresh() {
         serde_json::from_slice::<Value>(&hit.entry.answer).unwrap(),
         again
     );
+}
+
+/// An answer planned before another replica's invalidation is not written to the shared
+/// table: this replica learns of the invalidation only at its next refresh, so the row
+/// names the epoch it was planned under and the table refuses it (s46 stop attack F4) — on
+/// PostgreSQL too, where the check runs under the cache's write lock.
+#[tokio::test]
+async fn an_answer_planned_before_another_replicas_invalidation_is_not_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = suite_db(&dir).await;
+    let (a, b) = (cache_on(&db), cache_on(&db));
+    let now = chrono::Utc::now();
+    a.refresh(now).await.unwrap();
+    b.refresh(now).await.unwrap();
+    let body = question("WVWZZZ1JZXW000043");
+    let planned = plan_of(&a, &body, None);
+    assert_eq!(b.invalidate_tag("case:43").await.unwrap(), 0);
+    a.put(&planned, &egr_answer(), (12, 24), now).await;
+    a.flush().await;
+    b.refresh(now).await.unwrap();
+    assert!(b
+        .get(&plan_of(&b, &body, None), now, no_deadline())
+        .await
+        .is_none());
+    a.refresh(now).await.unwrap();
+    assert!(a
+        .get(&plan_of(&a, &body, None), now, no_deadline())
+        .await
+        .is_none());
+    // Planned after the refresh, it is written and found by the other replica.
+    a.put(&plan_of(&a, &body, None), &egr_answer(), (12, 24), now)
+        .await;
+    a.flush().await;
+    b.refresh(now).await.unwrap();
+    assert!(b
+        .get(&plan_of(&b, &body, None), now, no_deadline())
+        .await
+        .is_some());
 }
 
 /// A semantic lookup waits for the `http` embedder no longer than the request's own

@@ -157,6 +157,7 @@ fn new_entry(key: u8, tags: &str, answer: &str, minute: u32) -> NewEntry {
         created_at: at(10, minute),
         expires_at: at(20, minute),
         version: i64::from(key) * 100 + i64::from(minute) + 1,
+        epoch: None,
     }
 }
 
@@ -269,7 +270,7 @@ async fn cache_batches_replace_and_tags_match_as_on_sqlite() {
         .await
         .unwrap();
     assert_eq!((lite_hits, pg_hits), (0, 0));
-    // Tags: exact, case-sensitive, no wildcards; the epoch moves only when something went.
+    // Tags: exact, case-sensitive, no wildcards; the epoch moves at every invalidation.
     // (Counted from where each engine's stands: SQLite's migration 0029 moved its own.)
     let epochs = || async {
         let (l, p) = read_both!(b, cache::epoch());
@@ -513,8 +514,14 @@ async fn an_epoch_bump_is_heard_at_once_and_the_poll_survives_a_killed_listener(
         took < Duration::from_secs(1),
         "a revocation heard after {took:?}"
     );
+    // An invalidation that deleted nothing moves the cache's epoch all the same (an answer
+    // planned before it must not be written after it: s46 stop attack F4).
     let keys = pg::cache::delete_tag(&b.pool, "nothing").await.unwrap();
     assert!(keys.is_empty());
+    assert_eq!(
+        heard(&mut rx, Duration::from_secs(5)).await,
+        Some(Heard::Bumped(Epoch::Cache))
+    );
     // Token edits notify too, and cache invalidations on their own payload.
     let mut t = b.pool.begin().await.unwrap();
     pg::token_admin::expire_at(&mut t, 2, at(11, 0))

@@ -50,9 +50,16 @@ pub async fn get(pool: &PgPool, key: &[u8], now: DateTime<Utc>) -> Result<Option
         .await?)
 }
 
+/// An entry is written only while the table's epoch is the one it was planned under
+/// (`NewEntry::epoch`; NULL: unknown, written as it is). The check sees every invalidation
+/// committed before: both take `CACHE_LOCK` first, and the statement's snapshot is taken
+/// after it.
 const PUT: &str = "INSERT INTO cache_entries (key, scope, model, format, context_hash, vector, answer, input_tokens, output_tokens, tags, created_at, expires_at, version)
-     SELECT * FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::bytea[], $7::text[],
-                          $8::bigint[], $9::bigint[], $10::text[], $11::text[], $12::text[], $13::bigint[])
+     SELECT key, scope, model, format, context_hash, vector, answer, input_tokens, output_tokens, tags, created_at, expires_at, version
+     FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::bytea[], $7::text[],
+                 $8::bigint[], $9::bigint[], $10::text[], $11::text[], $12::text[], $13::bigint[], $14::bigint[])
+          AS e(key, scope, model, format, context_hash, vector, answer, input_tokens, output_tokens, tags, created_at, expires_at, version, epoch)
+     WHERE e.epoch IS NULL OR e.epoch = (SELECT value FROM meta WHERE key = 'cache_epoch')
      ON CONFLICT (key) DO UPDATE SET id = DEFAULT, scope = EXCLUDED.scope, model = EXCLUDED.model, format = EXCLUDED.format,
         context_hash = EXCLUDED.context_hash, vector = EXCLUDED.vector, answer = EXCLUDED.answer,
         input_tokens = EXCLUDED.input_tokens, output_tokens = EXCLUDED.output_tokens, tags = EXCLUDED.tags,
@@ -101,6 +108,7 @@ pub async fn put_batch_tx(conn: &mut PgConnection, entries: &[NewEntry]) -> Resu
         .bind(text(|e| db_time(e.created_at)))
         .bind(text(|e| db_time(e.expires_at)))
         .bind(last.iter().map(|e| e.version).collect::<Vec<_>>())
+        .bind(last.iter().map(|e| e.epoch).collect::<Vec<_>>())
         .execute(conn)
         .await?;
     Ok(())
@@ -136,7 +144,7 @@ pub async fn keys_after(pool: &PgPool, after: i64, now: DateTime<Utc>) -> Result
 
 /// Deletes every entry carrying `tag` (the exact string `,tag,` inside `tags`, as on
 /// SQLite: no wildcards, case-sensitive); returns the deleted keys. Bumps and notifies the
-/// cache epoch when anything went.
+/// cache epoch, even when nothing went (as `store::cache::delete_tag`).
 pub async fn delete_tag(pool: &PgPool, tag: &str) -> Result<Vec<Vec<u8>>> {
     let mut tx = pool.begin().await?;
     let keys = delete_tag_in(&mut tx, tag).await?;
@@ -146,19 +154,17 @@ pub async fn delete_tag(pool: &PgPool, tag: &str) -> Result<Vec<Vec<u8>>> {
 
 /// `delete_tag` inside the caller's transaction (an admin's, with its audit row).
 pub async fn delete_tag_in(conn: &mut PgConnection, tag: &str) -> Result<Vec<Vec<u8>>> {
-    if !text::storable(tag) {
-        return Ok(Vec::new());
-    }
-    let needle = format!(",{tag},");
     lock_writes(conn).await?;
-    let keys: Vec<Vec<u8>> =
+    // A tag PostgreSQL cannot hold names no entry (none with it is stored, `put_batch_tx`).
+    let keys: Vec<Vec<u8>> = if text::storable(tag) {
         sqlx::query_scalar("DELETE FROM cache_entries WHERE strpos(tags, $1) > 0 RETURNING key")
-            .bind(needle)
+            .bind(format!(",{tag},"))
             .fetch_all(&mut *conn)
-            .await?;
-    if !keys.is_empty() {
-        notify::bump(conn, Epoch::Cache).await?;
-    }
+            .await?
+    } else {
+        Vec::new()
+    };
+    notify::bump(conn, Epoch::Cache).await?;
     Ok(keys)
 }
 
@@ -217,6 +223,15 @@ pub async fn evict_over_cap(
     .await?;
     tx.commit().await?;
     Ok(keys)
+}
+
+/// `cache_epoch` as the caller's transaction sees it.
+pub async fn epoch_in(conn: &mut PgConnection) -> Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT value FROM meta WHERE key = 'cache_epoch'")
+            .fetch_one(conn)
+            .await?,
+    )
 }
 
 pub async fn epoch(pool: &PgPool) -> Result<i64> {
