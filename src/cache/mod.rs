@@ -32,6 +32,7 @@ use serde_json::Value;
 
 use crate::config::{CacheSettings, UpstreamTimeouts};
 use crate::error::{ApiError, WireFormat};
+use crate::ops::metrics;
 use crate::store::lingering::Lingering;
 use crate::store::writer::Writer;
 use crate::store::{self, StoreError};
@@ -557,6 +558,7 @@ impl Cache {
         if self.behind.fetch_add(1, Ordering::Relaxed) >= STORES_BEHIND {
             self.behind.fetch_sub(1, Ordering::Relaxed);
             tracing::debug!("cache stores are behind; answer not stored");
+            metrics::cache_store_dropped("behind");
             return;
         }
         let counted = Behind(self.clone());
@@ -651,6 +653,7 @@ impl Cache {
         // moved or the clear finds the entry (the LRU's lock orders the two).
         if self.epoch.load(Ordering::Acquire) != plan.epoch {
             self.forget_one(&plan.exact, question.map(|q| &q.context));
+            metrics::cache_store_dropped("invalidated");
             return;
         }
         if !self.stored.push(stored).await {

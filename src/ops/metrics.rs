@@ -31,6 +31,7 @@ pub const CATALOG_STALE: &str = "gateway_catalog_stale";
 pub const SERVED_TIER: &str = "gateway_upstream_service_tier_total";
 pub const CACHE_BUDGET_LEFT_OUT: &str = "gateway_cache_hit_budget_header_left_out_total";
 pub const HEAP_TRIMS: &str = "gateway_heap_trims_total";
+pub const CACHE_STORES_DROPPED: &str = "gateway_cache_stores_dropped_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0,
@@ -124,6 +125,10 @@ fn describe() {
         "Free heap handed back to the OS, by rule: rest (the gateway came to rest) or burst (a burst's load fell while requests still came)."
     );
     describe_counter!(
+        CACHE_STORES_DROPPED,
+        "Answers the response cache did not store, by reason: behind (1 024 stores were already waiting) or invalidated (an invalidation came after the request was planned)."
+    );
+    describe_counter!(
         crate::ops::traces::SPANS_DROPPED,
         "Trace spans never delivered to the OTLP collector, by reason: queue_full (the export queue was full) or export_failed."
     );
@@ -192,6 +197,11 @@ pub fn catalog_stale(stale: bool) {
 /// `deadline`.
 pub fn cache_budget_left_out(reason: &'static str) {
     counter!(CACHE_BUDGET_LEFT_OUT, "reason" => reason).increment(1);
+}
+
+/// An answer the cache did not store; `reason` is `behind` or `invalidated`.
+pub fn cache_store_dropped(reason: &'static str) {
+    counter!(CACHE_STORES_DROPPED, "reason" => reason).increment(1);
 }
 
 pub fn heap_trim(rule: &'static str) {

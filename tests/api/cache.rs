@@ -504,6 +504,8 @@ async fn an_answer_in_flight_during_an_invalidation_is_not_served_after_it() {
             ..sluice::mock::Script::default()
         }),
     );
+    let dropped = || counted(&app, "gateway_cache_stores_dropped_total", "invalidated");
+    let dropped_before = dropped().await;
     let in_flight = tagged(question("WVWZZZ1JZXW000079"));
     let invalidate = async {
         let waited = std::time::Instant::now();
@@ -525,6 +527,10 @@ async fn an_answer_in_flight_during_an_invalidation_is_not_served_after_it() {
     tagged(question("WVWZZZ1JZXW000080")).await.unwrap();
     app.wait_for_cache_entries(1).await;
     assert_eq!(app.scalar("SELECT COUNT(*) FROM cache_entries").await, 1);
+    assert!(
+        dropped().await > dropped_before,
+        "the store dropped is not counted"
+    );
     assert_eq!(
         ask(&app, &token, &question("WVWZZZ1JZXW000079")).await.0,
         "miss"
@@ -1461,11 +1467,21 @@ async fn a_hit_whose_budget_read_is_held_goes_without_the_budget_header() {
 /// Hits gone without their budget header for `reason`, as `/metrics` counts them (in the
 /// whole test process: only this test holds budget reads).
 async fn left_out(app: &TestApp, reason: &str) -> u64 {
-    let label = format!("reason=\"{reason}\"");
+    counted(
+        app,
+        "gateway_cache_hit_budget_header_left_out_total",
+        reason,
+    )
+    .await
+}
+
+/// The counters `metric` holds for `reason` (in the whole test process).
+async fn counted(app: &TestApp, metric: &str, reason: &str) -> u64 {
+    let (metric, label) = (format!("{metric}{{"), format!("reason=\"{reason}\""));
     app.metrics()
         .await
         .lines()
-        .filter(|l| l.starts_with("gateway_cache_hit_budget_header_left_out_total{"))
+        .filter(|l| l.starts_with(&metric))
         .filter(|l| l.contains(&label))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
