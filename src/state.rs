@@ -87,6 +87,7 @@ impl AppState {
             live: &live,
             queue_depth: &depth,
             ratelimit_degraded: self.windows.degraded(),
+            cache_rows_refused: crate::store::cache::refused_so_far(),
         })
     }
 }

@@ -687,3 +687,73 @@ async fn stores_racing_an_invalidation_leave_nothing_planned_before_it() {
     other.refresh(now).await.unwrap();
     assert!(other.present.read().is_empty(), "rows written");
 }
+
+/// A refresh that read the table's epoch before an invalidation here moved this replica's
+/// leaves it where the invalidation put it: set back to what it read (a swap), a store
+/// planned before the invalidation passed `keep_answer` and was served from memory until the
+/// next refresh (s47 attack F1). The refresh's steps with the invalidation between its read
+/// and the rest.
+#[tokio::test]
+async fn a_refresh_that_read_before_an_invalidation_does_not_undo_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(&dir).await;
+    let c = cache(&db);
+    let now = Utc::now();
+    c.refresh(now).await.unwrap();
+    let vin = "WVWZZZ1JZXW000103";
+    let planned = tagged_plan(&c, vin, "doc:4");
+    let known = c.epoch.load(Ordering::Acquire);
+    let read = crate::store::cache::epoch(&db).await.unwrap();
+    c.invalidate_tag("doc:4").await.unwrap();
+    let moved = c.epoch.load(Ordering::Acquire);
+    assert_ne!(moved, known);
+    c.refresh_from(known, read, now).await.unwrap();
+    assert_eq!(
+        c.epoch.load(Ordering::Acquire),
+        moved,
+        "the epoch went back"
+    );
+    c.put(&planned, &answer(), (12, 24), now).await;
+    assert!(
+        c.held(&unread_plan(&c, vin), now).is_none(),
+        "kept in memory"
+    );
+
+    // Read after another replica's invalidation, with nothing moved here: followed.
+    let other = cache(&db);
+    other.refresh(now).await.unwrap();
+    other.invalidate_tag("doc:4").await.unwrap();
+    let known = c.epoch.load(Ordering::Acquire);
+    let read = crate::store::cache::epoch(&db).await.unwrap();
+    c.refresh_from(known, read, now).await.unwrap();
+    assert_eq!(c.epoch.load(Ordering::Acquire), read);
+}
+
+/// An answer planned before an invalidation does not touch what a store planned after it
+/// holds: put in memory before the check, it replaced the newer answer of its key and was
+/// then forgotten with it (s47 attack F2).
+#[tokio::test]
+async fn an_answer_planned_before_an_invalidation_leaves_a_newer_one_of_its_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(&dir).await;
+    let c = cache(&db);
+    let now = Utc::now();
+    c.refresh(now).await.unwrap();
+    let vin = "WVWZZZ1JZXW000104";
+    let before = tagged_plan(&c, vin, "doc:5");
+    c.invalidate_tag("doc:5").await.unwrap();
+    let mut newer = answer();
+    newer["choices"][0]["message"]["content"] = json!("Replace the EGR valve.");
+    c.put(&tagged_plan(&c, vin, "doc:5"), &newer, (12, 24), now)
+        .await;
+    c.flush().await;
+    c.put(&before, &answer(), (12, 24), now).await;
+    let held = c
+        .held(&unread_plan(&c, vin), now)
+        .expect("the newer answer held");
+    assert_eq!(
+        serde_json::from_slice::<Value>(&held.entry.answer).unwrap(),
+        newer
+    );
+    assert_eq!(c.present.read().len(), 1, "its key forgotten");
+}

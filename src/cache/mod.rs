@@ -604,6 +604,12 @@ impl Cache {
         usage: (i64, i64),
         now: DateTime<Utc>,
     ) {
+        // Planned before an invalidation this replica knows of: not kept. Put in memory
+        // first, the answer was served until the check below, and replaced a newer store of
+        // its key (s47 attack F2).
+        if self.planned_before_an_invalidation(plan) {
+            return;
+        }
         let question = plan.question();
         let (text, held) = texts(answer);
         let version = rand::random::<i64>() | 1;
@@ -647,18 +653,26 @@ impl Cache {
                 tracing::debug!("semantic index full: the entry is an exact match only");
             }
         }
-        // An invalidation since the request was planned: its answer may come from what was
-        // invalidated. Looked at once the entry is in memory: an invalidation moves the
-        // epoch, then clears the memory (`forget_deleted`), so either this sees the epoch
-        // moved or the clear finds the entry (the LRU's lock orders the two).
-        if self.epoch.load(Ordering::Acquire) != plan.epoch {
+        // Looked at again once the entry is in memory: an invalidation moves the epoch, then
+        // clears the memory (`forget_deleted`), so either this sees the epoch moved or the
+        // clear finds the entry (the LRU's lock orders the two).
+        if self.planned_before_an_invalidation(plan) {
             self.forget_one(&plan.exact, question.map(|q| &q.context));
-            metrics::cache_store_dropped("invalidated");
             return;
         }
         if !self.stored.push(stored).await {
             tracing::warn!("cache writer is gone; entry not stored");
         }
+    }
+
+    /// Whether this replica learned of an invalidation since `plan` was made: its answer may
+    /// come from what was invalidated (counted as dropped).
+    fn planned_before_an_invalidation(&self, plan: &Plan) -> bool {
+        let moved = self.epoch.load(Ordering::Acquire) != plan.epoch;
+        if moved {
+            metrics::cache_store_dropped("invalidated");
+        }
+        moved
     }
 
     /// Counts a hit of `key`, in the next batch of counts: queued at once or not at all
@@ -781,9 +795,33 @@ impl Cache {
     /// rebuilds the indexes; otherwise adds the entries stored since the last poll (by
     /// this replica or another).
     pub async fn refresh(&self, now: DateTime<Utc>) -> Result<(), StoreError> {
-        let epoch = store::cache::epoch(&self.db).await?;
-        if self.epoch.swap(epoch, Ordering::Relaxed) != epoch {
-            return self.rebuild(now).await;
+        let known = self.epoch.load(Ordering::Acquire);
+        let read = store::cache::epoch(&self.db).await?;
+        self.refresh_from(known, read, now).await
+    }
+
+    /// `refresh` once the table's epoch was read (`read`; this replica knew `known` before
+    /// the read).
+    async fn refresh_from(
+        &self,
+        known: i64,
+        read: i64,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        if read != known {
+            // Only from the epoch known before the read: one moved meanwhile (this
+            // replica's invalidation, `forget_deleted`, or another refresh — on PostgreSQL
+            // a notification's runs beside the poll) stays. Set back to what was read, a
+            // store planned before that invalidation passed `keep_answer` (s47 attack F1);
+            // the next refresh reads the table again.
+            if self
+                .epoch
+                .compare_exchange(known, read, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return self.rebuild(now).await;
+            }
+            return Ok(());
         }
         // Most new rows are this replica's own, already in memory: read vectors back only
         // when another replica stored something.

@@ -126,7 +126,7 @@ fn describe() {
     );
     describe_counter!(
         CACHE_STORES_DROPPED,
-        "Answers the response cache did not store, by reason: behind (1 024 stores were already waiting) or invalidated (an invalidation came after the request was planned)."
+        "Answers the response cache did not store, by reason: behind (1 024 stores were already waiting), invalidated (this replica knew of an invalidation made after the request was planned) or refused (the table refused the row: an invalidation of any replica or the CLI came after the request was planned)."
     );
     describe_counter!(
         crate::ops::traces::SPANS_DROPPED,
@@ -199,7 +199,8 @@ pub fn cache_budget_left_out(reason: &'static str) {
     counter!(CACHE_BUDGET_LEFT_OUT, "reason" => reason).increment(1);
 }
 
-/// An answer the cache did not store; `reason` is `behind` or `invalidated`.
+/// An answer the cache did not store; `reason` is `behind` or `invalidated` (`refused` is
+/// counted by the store and read at scrape time).
 pub fn cache_store_dropped(reason: &'static str) {
     counter!(CACHE_STORES_DROPPED, "reason" => reason).increment(1);
 }
@@ -220,6 +221,8 @@ pub struct Scrape<'a> {
     pub live: &'a Snapshot,
     pub queue_depth: &'a [usize],
     pub ratelimit_degraded: bool,
+    /// Cache entries the table refused so far (`store::cache::refused_so_far`).
+    pub cache_rows_refused: u64,
 }
 
 /// Gauges computed at scrape time, then the rendered text.
@@ -252,5 +255,6 @@ pub fn render(scrape: &Scrape<'_>) -> String {
         gauge!(QUEUE_DEPTH, "priority" => (i + 1).to_string()).set(*depth as f64);
     }
     gauge!(RATELIMIT_DEGRADED).set(if scrape.ratelimit_degraded { 1.0 } else { 0.0 });
+    counter!(CACHE_STORES_DROPPED, "reason" => "refused").absolute(scrape.cache_rows_refused);
     install().map(PrometheusHandle::render).unwrap_or_default()
 }

@@ -1,5 +1,7 @@
 //! Cache entries (see `cache/`): whole answers keyed by the SHA-256 of the canonical request.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use chrono::{DateTime, Utc};
 use sqlx::FromRow;
 
@@ -88,7 +90,7 @@ fn pg_put_batch<'c>(
 pub fn put_batch_tx(tx: &mut Tx<'_>, entries: &[NewEntry]) -> Result<()> {
     for e in entries {
         let (created, expires) = (db_time(e.created_at), db_time(e.expires_at));
-        tx.execute(
+        let written = tx.execute(
             PUT,
             &[
                 e.key.as_slice().into(),
@@ -107,8 +109,28 @@ pub fn put_batch_tx(tx: &mut Tx<'_>, entries: &[NewEntry]) -> Result<()> {
                 e.epoch.into(),
             ],
         )?;
+        if written == 0 {
+            refused(1);
+        }
     }
     Ok(())
+}
+
+/// Entries the table refused since the process started (`NewEntry::epoch`: planned
+/// before an invalidation of any replica or the CLI), for `/metrics`. A batch that fails
+/// and is written again (`store::lingering`, up to five times) counts its refusals again,
+/// so the count may run above the entries refused.
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+
+pub(super) fn refused(n: u64) {
+    if n > 0 {
+        REFUSED.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// How many entries the table refused so far (`REFUSED`).
+pub fn refused_so_far() -> u64 {
+    REFUSED.load(Ordering::Relaxed)
 }
 
 /// A live entry as the in-memory indexes see it: (rowid, key, context hash, vector).

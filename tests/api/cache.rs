@@ -531,6 +531,12 @@ async fn an_answer_in_flight_during_an_invalidation_is_not_served_after_it() {
         dropped().await > dropped_before,
         "the store dropped is not counted"
     );
+    assert!(
+        app.metrics()
+            .await
+            .contains("gateway_cache_stores_dropped_total{reason=\"refused\"}"),
+        "the table's refusals are not shown"
+    );
     assert_eq!(
         ask(&app, &token, &question("WVWZZZ1JZXW000079")).await.0,
         "miss"
@@ -867,8 +873,13 @@ async fn an_answer_planned_before_another_replicas_invalidation_is_not_written()
     let body = question("WVWZZZ1JZXW000043");
     let planned = plan_of(&a, &body, None);
     assert_eq!(b.invalidate_tag("case:43").await.unwrap(), 0);
+    let refused = sluice::store::cache::refused_so_far();
     a.put(&planned, &egr_answer(), (12, 24), now).await;
     a.flush().await;
+    assert!(
+        sluice::store::cache::refused_so_far() > refused,
+        "the refusal is not counted"
+    );
     b.refresh(now).await.unwrap();
     assert!(b
         .get(&plan_of(&b, &body, None), now, no_deadline())
@@ -888,6 +899,45 @@ async fn an_answer_planned_before_another_replicas_invalidation_is_not_written()
         .get(&plan_of(&b, &body, None), now, no_deadline())
         .await
         .is_some());
+}
+
+/// The table's refusal holds against an invalidation still in its transaction: a batch of
+/// entries waits for it (on PostgreSQL the cache's write lock, which both take; on SQLite
+/// the write lock) and then reads its epoch. Written between the deletion and its commit,
+/// the row outlived the invalidation (s47 attack F4).
+#[tokio::test]
+async fn a_batch_written_during_an_invalidations_transaction_waits_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = suite_db(&dir).await;
+    let a = cache_on(&db);
+    let now = chrono::Utc::now();
+    a.refresh(now).await.unwrap();
+    let body = question("WVWZZZ1JZXW000044");
+    let planned = plan_of(&a, &body, None);
+    let mut tx = db.begin().await.unwrap();
+    sluice::store::cache::delete_tag_in(&mut tx, "case:44")
+        .await
+        .unwrap();
+    let writer = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            a.put(&planned, &egr_answer(), (12, 24), now).await;
+            a.flush().await;
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !writer.is_finished(),
+        "the batch did not wait for the invalidation"
+    );
+    tx.commit().await.unwrap();
+    writer.await.unwrap();
+    let b = cache_on(&db);
+    b.refresh(now).await.unwrap();
+    assert!(b
+        .get(&plan_of(&b, &body, None), now, no_deadline())
+        .await
+        .is_none());
 }
 
 /// A semantic lookup waits for the `http` embedder no longer than the request's own

@@ -90,7 +90,7 @@ pub async fn put_batch_tx(conn: &mut PgConnection, entries: &[NewEntry]) -> Resu
     }
     lock_writes(conn).await?;
     let text = |f: fn(&NewEntry) -> String| last.iter().map(|e| f(e)).collect::<Vec<String>>();
-    sqlx::query(PUT)
+    let written = sqlx::query(PUT)
         .bind(last.iter().map(|e| e.key.to_vec()).collect::<Vec<_>>())
         .bind(text(|e| e.scope.clone()))
         .bind(text(|e| e.model.clone()))
@@ -110,7 +110,9 @@ pub async fn put_batch_tx(conn: &mut PgConnection, entries: &[NewEntry]) -> Resu
         .bind(last.iter().map(|e| e.version).collect::<Vec<_>>())
         .bind(last.iter().map(|e| e.epoch).collect::<Vec<_>>())
         .execute(conn)
-        .await?;
+        .await?
+        .rows_affected();
+    crate::store::cache::refused((last.len() as u64).saturating_sub(written));
     Ok(())
 }
 
