@@ -100,12 +100,19 @@ impl Lru {
         }
     }
 
-    pub(super) fn clear(&mut self) {
+    /// Empties the LRU; returns its entries, to be dropped once its lock is released: up to
+    /// `LRU_BYTES` of answers freed under it held up every lookup (s47 attack F5).
+    #[must_use = "the entries are to be dropped after the lock"]
+    pub(super) fn clear(&mut self) -> Vec<Arc<Entry>> {
         for c in &mut self.changes {
             *c += 1;
         }
-        self.entries.clear();
         self.bytes = 0;
+        let mut held = Vec::with_capacity(self.entries.len());
+        while let Some((_, (e, _))) = self.entries.pop_lru() {
+            held.push(e);
+        }
+        held
     }
 }
 
@@ -298,6 +305,16 @@ mod tests {
         lru.pop(&[3; 32]);
         lru.pop(&[4; 32]);
         assert_eq!(lru.bytes, 0);
+
+        // A clear hands its entries back (to be freed after the lock) and counts a change
+        // in every shard.
+        keep(&mut lru, [6; 32], entry(6, 1000));
+        keep(&mut lru, [7; 32], entry(7, 1000));
+        let before = lru.changes;
+        let held = lru.clear();
+        assert_eq!(held.len(), 2);
+        assert!(lru.get(&[6; 32]).is_none() && lru.bytes == 0);
+        assert!(before.iter().zip(lru.changes).all(|(b, a)| a == b + 1));
     }
 
     /// An entry holds its answer as the text it counts: 100 000 zeros are 200 kB held, not

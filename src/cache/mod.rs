@@ -749,7 +749,8 @@ impl Cache {
         // The epoch first, then the memory (`keep_answer` looks in the other order). The
         // highest: a refresh may have read a later one meanwhile.
         self.epoch.fetch_max(deleted.epoch, Ordering::AcqRel);
-        self.lru.lock().clear();
+        let held = self.lru.lock().clear();
+        drop(held); // after the lock
         self.forget(&deleted.keys);
     }
 
@@ -771,7 +772,8 @@ impl Cache {
     pub async fn rebuild(&self, now: DateTime<Utc>) -> Result<(), StoreError> {
         // An answer held in memory whose row was replaced unseen (a refresh passing over
         // its new id) is read again at its next use (s28 final attack #3).
-        self.lru.lock().clear();
+        let held = self.lru.lock().clear();
+        drop(held); // after the lock
         let (mut index, mut present) = (Index::default(), HashSet::new());
         let (mut after, mut seen) = (0, 0);
         // A page at a time: the whole table's vectors at once were the rebuild's peak (s24
