@@ -571,6 +571,16 @@ async fn a_row_read_while_a_refresh_drops_its_key_is_not_kept() {
     );
 }
 
+/// A cache over a new database, its epoch read as at start (the directory holds the file).
+async fn started() -> (tempfile::TempDir, Db, Arc<Cache>, chrono::DateTime<Utc>) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(&dir).await;
+    let c = cache(&db);
+    let now = Utc::now();
+    c.refresh(now).await.unwrap();
+    (dir, db, c, now)
+}
+
 /// The plan of `question(vin)` with `x-sluice-cache-tags: tag`, its question read.
 fn tagged_plan(c: &Cache, vin: &str, tag: &str) -> Plan {
     let asked = Asked {
@@ -602,11 +612,7 @@ fn tagged_plan(c: &Cache, vin: &str, tag: &str) -> Plan {
 /// same.
 #[tokio::test]
 async fn an_answer_planned_before_an_invalidation_is_not_kept_after_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = open(&dir).await;
-    let c = cache(&db);
-    let now = Utc::now();
-    c.refresh(now).await.unwrap(); // as at start
+    let (_dir, db, c, now) = started().await;
     let vin = "WVWZZZ1JZXW000101";
     let planned = tagged_plan(&c, vin, "doc:1");
     assert_eq!(c.invalidate_tag("doc:1").await.unwrap(), 0);
@@ -661,11 +667,7 @@ async fn an_answer_planned_before_another_replicas_invalidation_is_not_written()
 /// nothing planned before the invalidation is found after it, here or on another replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stores_racing_an_invalidation_leave_nothing_planned_before_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = open(&dir).await;
-    let c = cache(&db);
-    let now = Utc::now();
-    c.refresh(now).await.unwrap();
+    let (_dir, db, c, now) = started().await;
     let vins: Vec<String> = (0..200).map(|n| format!("WVWZZZ1JZXW{n:06}")).collect();
     let plans: Vec<Plan> = vins.iter().map(|v| tagged_plan(&c, v, "doc:3")).collect();
     for (i, p) in plans.into_iter().enumerate() {
@@ -695,11 +697,7 @@ async fn stores_racing_an_invalidation_leave_nothing_planned_before_it() {
 /// and the rest.
 #[tokio::test]
 async fn a_refresh_that_read_before_an_invalidation_does_not_undo_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = open(&dir).await;
-    let c = cache(&db);
-    let now = Utc::now();
-    c.refresh(now).await.unwrap();
+    let (_dir, db, c, now) = started().await;
     let vin = "WVWZZZ1JZXW000103";
     let planned = tagged_plan(&c, vin, "doc:4");
     let known = c.epoch.load(Ordering::Acquire);
@@ -734,11 +732,7 @@ async fn a_refresh_that_read_before_an_invalidation_does_not_undo_it() {
 /// then forgotten with it (s47 attack F2).
 #[tokio::test]
 async fn an_answer_planned_before_an_invalidation_leaves_a_newer_one_of_its_key() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = open(&dir).await;
-    let c = cache(&db);
-    let now = Utc::now();
-    c.refresh(now).await.unwrap();
+    let (_dir, _db, c, now) = started().await;
     let vin = "WVWZZZ1JZXW000104";
     let before = tagged_plan(&c, vin, "doc:5");
     c.invalidate_tag("doc:5").await.unwrap();

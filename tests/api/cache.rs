@@ -880,25 +880,26 @@ async fn an_answer_planned_before_another_replicas_invalidation_is_not_written()
         sluice::store::cache::refused_so_far() > refused,
         "the refusal is not counted"
     );
-    b.refresh(now).await.unwrap();
-    assert!(b
-        .get(&plan_of(&b, &body, None), now, no_deadline())
-        .await
-        .is_none());
-    a.refresh(now).await.unwrap();
-    assert!(a
-        .get(&plan_of(&a, &body, None), now, no_deadline())
-        .await
-        .is_none());
+    assert!(!found_after_refresh(&b, &body, now).await);
+    assert!(!found_after_refresh(&a, &body, now).await);
     // Planned after the refresh, it is written and found by the other replica.
     a.put(&plan_of(&a, &body, None), &egr_answer(), (12, 24), now)
         .await;
     a.flush().await;
-    b.refresh(now).await.unwrap();
-    assert!(b
-        .get(&plan_of(&b, &body, None), now, no_deadline())
+    assert!(found_after_refresh(&b, &body, now).await);
+}
+
+/// Whether `cache`, refreshed, finds an answer to `body`.
+async fn found_after_refresh(
+    cache: &sluice::cache::Cache,
+    body: &Value,
+    now: chrono::DateTime<chrono::Utc>,
+) -> bool {
+    cache.refresh(now).await.unwrap();
+    cache
+        .get(&plan_of(cache, body, None), now, no_deadline())
         .await
-        .is_some());
+        .is_some()
 }
 
 /// The table's refusal holds against an invalidation still in its transaction: a batch of
@@ -933,11 +934,7 @@ async fn a_batch_written_during_an_invalidations_transaction_waits_for_it() {
     tx.commit().await.unwrap();
     writer.await.unwrap();
     let b = cache_on(&db);
-    b.refresh(now).await.unwrap();
-    assert!(b
-        .get(&plan_of(&b, &body, None), now, no_deadline())
-        .await
-        .is_none());
+    assert!(!found_after_refresh(&b, &body, now).await);
 }
 
 /// A semantic lookup waits for the `http` embedder no longer than the request's own
