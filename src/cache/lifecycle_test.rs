@@ -44,8 +44,13 @@ fn question(vin: &str) -> Value {
 
 /// The plan of `question(vin)`, its question not read.
 fn unread_plan(c: &Cache, vin: &str) -> Plan {
+    asked_plan(c, vin, &Asked::default())
+}
+
+/// The plan of `question(vin)` with the cache headers `asked`, its question not read.
+fn asked_plan(c: &Cache, vin: &str, asked: &Asked<'_>) -> Plan {
     c.plan(
-        &Asked::default(),
+        asked,
         question(vin).as_object().unwrap(),
         WireFormat::OpenAi,
         "gpt-4o-mini",
@@ -587,21 +592,8 @@ fn tagged_plan(c: &Cache, vin: &str, tag: &str) -> Plan {
         tags: vec![tag],
         ..Asked::default()
     };
-    let body = question(vin);
-    let plan = c
-        .plan(
-            &asked,
-            body.as_object().unwrap(),
-            WireFormat::OpenAi,
-            "gpt-4o-mini",
-            (1, 1),
-            None,
-            None,
-            None,
-        )
-        .unwrap()
-        .expect("cacheable");
-    c.read_question(&plan, body.as_object().unwrap());
+    let plan = asked_plan(c, vin, &asked);
+    c.read_question(&plan, question(vin).as_object().unwrap());
     plan
 }
 

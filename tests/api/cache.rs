@@ -813,11 +813,7 @@ async fn entries_another_replica_stored_are_found_after_its_next_refresh() {
     use sluice::cache::Cache;
 
     let dir = tempfile::tempdir().unwrap();
-    let db = suite_db(&dir).await;
-    let (a, b) = (cache_on(&db), cache_on(&db));
-    let now = chrono::Utc::now();
-    a.refresh(now).await.unwrap();
-    b.refresh(now).await.unwrap();
+    let (a, b, now) = two_replicas(&dir).await;
     let body = question("WVWZZZ1JZXW000042");
     let plan = |c: &Cache| plan_of(c, &body, None);
     let answer = egr_answer();
@@ -865,11 +861,7 @@ async fn entries_another_replica_stored_are_found_after_its_next_refresh() {
 #[tokio::test]
 async fn an_answer_planned_before_another_replicas_invalidation_is_not_written() {
     let dir = tempfile::tempdir().unwrap();
-    let db = suite_db(&dir).await;
-    let (a, b) = (cache_on(&db), cache_on(&db));
-    let now = chrono::Utc::now();
-    a.refresh(now).await.unwrap();
-    b.refresh(now).await.unwrap();
+    let (a, b, now) = two_replicas(&dir).await;
     let body = question("WVWZZZ1JZXW000043");
     let planned = plan_of(&a, &body, None);
     assert_eq!(b.invalidate_tag("case:43").await.unwrap(), 0);
@@ -887,6 +879,23 @@ async fn an_answer_planned_before_another_replicas_invalidation_is_not_written()
         .await;
     a.flush().await;
     assert!(found_after_refresh(&b, &body, now).await);
+}
+
+/// Two replicas' caches over one database of the suite's engine (a file in `dir` on SQLite),
+/// each refreshed as at its start.
+async fn two_replicas(
+    dir: &tempfile::TempDir,
+) -> (
+    std::sync::Arc<sluice::cache::Cache>,
+    std::sync::Arc<sluice::cache::Cache>,
+    chrono::DateTime<chrono::Utc>,
+) {
+    let db = suite_db(dir).await;
+    let (a, b) = (cache_on(&db), cache_on(&db));
+    let now = chrono::Utc::now();
+    a.refresh(now).await.unwrap();
+    b.refresh(now).await.unwrap();
+    (a, b, now)
 }
 
 /// Whether `cache`, refreshed, finds an answer to `body`.
