@@ -142,15 +142,18 @@ async fn a_store_past_those_behind_is_not_made() {
     let now = Utc::now();
     c.behind.store(super::STORES_BEHIND, Ordering::Relaxed);
     c.store(plan(&c, "WVWZZZ1JZXW000008"), answer(), (12, 24), now);
+    // Its place is taken once its embedding is made, in its task.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     assert_eq!(c.behind.load(Ordering::Relaxed), super::STORES_BEHIND);
     c.behind.store(super::STORES_BEHIND - 1, Ordering::Relaxed);
     c.store(plan(&c, "WVWZZZ1JZXW000009"), answer(), (12, 24), now);
     let waited = std::time::Instant::now();
-    while c.behind.load(Ordering::Relaxed) != super::STORES_BEHIND - 1 {
+    while c.held(&unread_plan(&c, "WVWZZZ1JZXW000009"), now).is_none()
+        || c.behind.load(Ordering::Relaxed) != super::STORES_BEHIND - 1
+    {
         assert!(waited.elapsed().as_secs() < 10, "the store never ended");
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
-    assert!(c.held(&unread_plan(&c, "WVWZZZ1JZXW000009"), now).is_some());
     assert!(c.held(&unread_plan(&c, "WVWZZZ1JZXW000008"), now).is_none());
 }
 
@@ -680,6 +683,19 @@ async fn stores_racing_an_invalidation_leave_nothing_planned_before_it() {
     let other = cache(&db);
     other.refresh(now).await.unwrap();
     assert!(other.present.read().is_empty(), "rows written");
+    // Nor does anything of theirs stay in memory past the next refresh (s47 stop attack F1:
+    // a row the table refused left its key and vector), and one planned after is kept.
+    c.refresh(now).await.unwrap();
+    assert!(c.present.read().is_empty(), "keys with no row kept");
+    assert_eq!(c.index.read().features(), 0, "vectors with no row kept");
+    c.put(
+        &tagged_plan(&c, &vins[0], "doc:3"),
+        &answer(),
+        (12, 24),
+        now,
+    )
+    .await;
+    assert!(c.held(&unread_plan(&c, &vins[0]), now).is_some());
 }
 
 /// A refresh that read the table's epoch before an invalidation here moved this replica's
@@ -717,6 +733,21 @@ async fn a_refresh_that_read_before_an_invalidation_does_not_undo_it() {
     let read = crate::store::cache::epoch(&db).await.unwrap();
     c.refresh_from(known, read, now).await.unwrap();
     assert_eq!(c.epoch.load(Ordering::Acquire), read);
+
+    // Moved here meanwhile to an epoch before the one read (this replica's invalidation,
+    // then another's): followed to the one read all the same — left there, a store planned
+    // under it was held though the table refused it, until the next refresh (s47 stop
+    // attack F3).
+    let known = c.epoch.load(Ordering::Acquire);
+    c.invalidate_tag("doc:4").await.unwrap();
+    other.invalidate_tag("doc:4").await.unwrap();
+    let read = crate::store::cache::epoch(&db).await.unwrap();
+    c.refresh_from(known, read, now).await.unwrap();
+    assert_eq!(
+        c.epoch.load(Ordering::Acquire),
+        read,
+        "left behind the table"
+    );
 }
 
 /// An answer planned before an invalidation does not touch what a store planned after it
@@ -742,4 +773,88 @@ async fn an_answer_planned_before_an_invalidation_leaves_a_newer_one_of_its_key(
         newer
     );
     assert_eq!(c.present.read().len(), 1, "its key forgotten");
+}
+
+/// Keys and vectors another replica's invalidation deleted go from this replica's memory at
+/// its next refresh, though this replica invalidated meanwhile; and a row this replica had
+/// queued when its invalidation came, which the table refuses, leaves nothing in memory
+/// either. Both stayed: this replica's own invalidation moved its epoch, so its refresh no
+/// longer rebuilt (s47 stop attack F1) — each key a database read at every lookup, each
+/// vector a semantic candidate with no row, until the index was full.
+#[tokio::test]
+async fn keys_with_no_row_go_at_the_refresh_after_an_invalidation() {
+    let (_dir, db, a, now) = started().await;
+    let b = cache(&db);
+    b.refresh(now).await.unwrap();
+    b.put(
+        &tagged_plan(&b, "WVWZZZ1JZXW000105", "t:1"),
+        &answer(),
+        (12, 24),
+        now,
+    )
+    .await;
+    b.flush().await;
+    a.refresh(now).await.unwrap();
+    assert_eq!(a.present.read().len(), 1);
+    assert_eq!(b.invalidate_tag("t:1").await.unwrap(), 1);
+    a.invalidate_tag("t:2").await.unwrap();
+    a.refresh(now).await.unwrap();
+    assert!(
+        a.present.read().is_empty(),
+        "another replica's deleted key kept"
+    );
+    assert_eq!(a.index.read().features(), 0);
+
+    // Queued when the invalidation commits: the invalidation holds the write lock, the row
+    // waits for it, then the table refuses it.
+    let mut tx = db.begin().await.unwrap();
+    let deleted = Cache::delete_tag(&mut tx, "t:3").await.unwrap();
+    a.put(&plan(&a, "WVWZZZ1JZXW000106"), &answer(), (12, 24), now)
+        .await;
+    tx.commit().await.unwrap();
+    a.forget_deleted(deleted);
+    a.flush().await;
+    a.refresh(now).await.unwrap();
+    assert!(a.present.read().is_empty(), "a refused row's key kept");
+    assert_eq!(a.index.read().features(), 0, "a refused row's vector kept");
+}
+
+/// A store waiting for its embedding holds no place among those behind: with an `http`
+/// embedder that hangs (up to its 5 s), the 1 024 places filled in seconds and every store
+/// after was dropped, exact entries too (s47 stop attack F4).
+#[tokio::test]
+async fn a_store_waiting_for_its_embedding_holds_no_place_behind() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = listener.accept().await {
+            held.push(conn);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(&dir).await;
+    let c = Cache::new(
+        &CacheSettings {
+            embedder: "http".into(),
+            http_url: format!("http://{addr}/v1"),
+            http_allow_private_network: true,
+            ..CacheSettings::default()
+        },
+        &UpstreamTimeouts::default(),
+        db.clone(),
+        Writer::start(&db),
+    )
+    .unwrap();
+    c.refresh(Utc::now()).await.unwrap();
+    c.behind.store(super::STORES_BEHIND - 1, Ordering::Relaxed);
+    for vin in ["WVWZZZ1JZXW000107", "WVWZZZ1JZXW000108"] {
+        c.store(plan(&c, vin), answer(), (12, 24), Utc::now());
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(
+        c.behind.load(Ordering::Relaxed),
+        super::STORES_BEHIND - 1,
+        "stores waiting for their embedding counted"
+    );
 }

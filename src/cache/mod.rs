@@ -21,7 +21,7 @@ pub mod thread;
 mod words;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
@@ -73,6 +73,20 @@ const STORES_BEHIND: usize = 1024;
 /// A store counted among those behind until it is dropped — with the task that holds it
 /// last, however that task ends (a panic, a worker's runtime stopped).
 struct Behind(Arc<Cache>);
+
+impl Behind {
+    /// A place among the stores behind, or `None` (counted as dropped) past
+    /// `STORES_BEHIND`.
+    fn take(cache: Arc<Cache>) -> Option<Behind> {
+        if cache.behind.fetch_add(1, Ordering::Relaxed) >= STORES_BEHIND {
+            cache.behind.fetch_sub(1, Ordering::Relaxed);
+            tracing::debug!("cache stores are behind; answer not stored");
+            metrics::cache_store_dropped("behind");
+            return None;
+        }
+        Some(Behind(cache))
+    }
+}
 
 impl Drop for Behind {
     fn drop(&mut self) {
@@ -181,6 +195,12 @@ pub struct Cache {
     /// `meta.cache_epoch` as this process last read (`refresh`) or moved it
     /// (`forget_deleted`); `UNREAD_EPOCH` before the first refresh.
     epoch: AtomicI64,
+    /// A rebuild at the next refresh, after an invalidation here: moving the epoch itself,
+    /// this replica's refresh no longer saw it move, and keys with no row stayed in memory —
+    /// a row queued at the invalidation, which the table then refused, and the keys another
+    /// replica's invalidation deleted, whose epoch this one's jumped over (s47 stop attack
+    /// F1).
+    rebuild_due: AtomicBool,
 }
 
 /// The epoch before the first `refresh` (at start, before the gateway serves).
@@ -288,6 +308,7 @@ impl Cache {
             seen_rowid: AtomicI64::new(0),
             behind: AtomicUsize::new(0),
             epoch: AtomicI64::new(UNREAD_EPOCH),
+            rebuild_due: AtomicBool::new(false),
         }))
     }
 
@@ -542,9 +563,12 @@ impl Cache {
     /// What the worker made (the plan, the answer, the vector, of which the cache's thread
     /// keeps a copy) goes back to the worker to be freed: freed on the cache's thread,
     /// glibc's per-thread cache of small chunks (tcache, 7 of each size) handed those
-    /// chunks to that thread's next entries: 767 of 1 000 entries' vectors lay in the
-    /// worker's arena again. At most `STORES_BEHIND` stores wait; one more is not stored —
-    /// a store is best-effort, and one thread takes them.
+    /// chunks to that thread's next entries: 786 of 1 000 entries' LRU nodes and 573 of their
+    /// vectors lay in the worker's arena again. At most `STORES_BEHIND` stores wait for the
+    /// cache's thread; one more is not stored — a store is best-effort, and one thread takes
+    /// them. One waiting for its embedding holds no place: an `http` embedder that hangs (up
+    /// to its 5 s) filled them in seconds, and every store after was dropped, exact entries
+    /// too (s47 stop attack F4); those tasks are as many as the misses of those 5 s.
     pub fn store(
         self: &Arc<Self>,
         plan: Plan,
@@ -555,15 +579,12 @@ impl Cache {
         if !storable(&plan, &answer) {
             return;
         }
-        if self.behind.fetch_add(1, Ordering::Relaxed) >= STORES_BEHIND {
-            self.behind.fetch_sub(1, Ordering::Relaxed);
-            tracing::debug!("cache stores are behind; answer not stored");
-            metrics::cache_store_dropped("behind");
-            return;
-        }
-        let counted = Behind(self.clone());
+        let cache = self.clone();
         tokio::spawn(async move {
-            let vector = counted.0.embedding(&plan).await;
+            let vector = cache.embedding(&plan).await;
+            let Some(counted) = Behind::take(cache) else {
+                return;
+            };
             let (back, made_here) = tokio::sync::oneshot::channel();
             thread::spawn(async move {
                 let kept = vector.clone();
@@ -604,12 +625,6 @@ impl Cache {
         usage: (i64, i64),
         now: DateTime<Utc>,
     ) {
-        // Planned before an invalidation this replica knows of: not kept. Put in memory
-        // first, the answer was served until the check below, and replaced a newer store of
-        // its key (s47 attack F2).
-        if self.planned_before_an_invalidation(plan) {
-            return;
-        }
         let question = plan.question();
         let (text, held) = texts(answer);
         let version = rand::random::<i64>() | 1;
@@ -646,16 +661,26 @@ impl Cache {
             expires_at: expiry(now, plan.ttl),
         });
         let bytes = memory::held(&e);
-        self.lru.lock().put(plan.exact, e, bytes);
+        {
+            // Planned before an invalidation this replica knows of: not kept. Looked at under
+            // the LRU's lock, which an invalidation takes after moving the epoch: either this
+            // sees the epoch moved, or the invalidation's clear finds the entry. Put first,
+            // the answer was served until a later look, and replaced a newer store of its key
+            // (s47 attack F2, stop attack F2).
+            let mut lru = self.lru.lock();
+            if self.planned_before_an_invalidation(plan) {
+                return;
+            }
+            lru.put(plan.exact, e, bytes);
+        }
         self.present.write().insert(prefix(&plan.exact));
         if let (Some(q), Some(v)) = (question, vector) {
             if !self.index.write().add(q.context, plan.exact, v) {
                 tracing::debug!("semantic index full: the entry is an exact match only");
             }
         }
-        // Looked at again once the entry is in memory: an invalidation moves the epoch, then
-        // clears the memory (`forget_deleted`), so either this sees the epoch moved or the
-        // clear finds the entry (the LRU's lock orders the two).
+        // Looked at again once its key and vector are in memory too: an invalidation since
+        // the put cleared the entry, and its row would be refused.
         if self.planned_before_an_invalidation(plan) {
             self.forget_one(&plan.exact, question.map(|q| &q.context));
             return;
@@ -749,6 +774,7 @@ impl Cache {
         // The epoch first, then the memory (`keep_answer` looks in the other order). The
         // highest: a refresh may have read a later one meanwhile.
         self.epoch.fetch_max(deleted.epoch, Ordering::AcqRel);
+        self.rebuild_due.store(true, Ordering::Release);
         let held = self.lru.lock().clear();
         drop(held); // after the lock
         self.forget(&deleted.keys);
@@ -810,20 +836,29 @@ impl Cache {
         read: i64,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
+        let due = self.rebuild_due.swap(false, Ordering::AcqRel);
         if read != known {
-            // Only from the epoch known before the read: one moved meanwhile (this
-            // replica's invalidation, `forget_deleted`, or another refresh — on PostgreSQL
-            // a notification's runs beside the poll) stays. Set back to what was read, a
-            // store planned before that invalidation passed `keep_answer` (s47 attack F1);
-            // the next refresh reads the table again.
-            if self
-                .epoch
-                .compare_exchange(known, read, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                return self.rebuild(now).await;
+            // Only from an epoch before the one read: one moved meanwhile past it (this
+            // replica's invalidation, `forget_deleted`, or another refresh — on PostgreSQL a
+            // notification's runs beside the poll) stays. Set back to what was read, a store
+            // planned before that invalidation passed `keep_answer` (s47 attack F1); left at
+            // one before it, a store planned under that one was held though the table
+            // refused it, until the next refresh (stop attack F3). (From `known` down to a
+            // lower one read: a table restored from an older copy.)
+            let mut from = known;
+            loop {
+                match self
+                    .epoch
+                    .compare_exchange(from, read, Ordering::AcqRel, Ordering::Acquire)
+                {
+                    Ok(_) => return self.rebuild(now).await,
+                    Err(now_at) if now_at < read => from = now_at,
+                    Err(_) => break,
+                }
             }
-            return Ok(());
+        }
+        if due {
+            return self.rebuild(now).await;
         }
         // Most new rows are this replica's own, already in memory: read vectors back only
         // when another replica stored something.
