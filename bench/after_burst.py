@@ -103,6 +103,8 @@ def main() -> int:
     ap.add_argument("--bursts", type=int, default=1, help="bursts of streams, `--after` seconds apart")
     ap.add_argument("--show", type=int, default=0, help="chunks of each common size to print")
     args = ap.parse_args()
+    if args.bursts < 1:
+        ap.error("--bursts must be at least 1")
     with o.warm_streams_rig() as rig:
         time.sleep(4.0)
         pid = rig.gw.pid
